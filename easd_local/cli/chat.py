@@ -1,0 +1,5 @@
+"""Placeholder: commands land here."""
+
+
+def register(app, models_app) -> None:
+    pass

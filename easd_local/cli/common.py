@@ -1,0 +1,38 @@
+"""Shared CLI plumbing: error handling and consoles."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import typer
+from rich.console import Console
+
+from ..errors import EasdError
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def friendly(fn):
+    """Turn EasdError into one line on stderr + its exit code; Ctrl-C into exit 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EasdError as e:
+            err_console.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
+        except BrokenPipeError:
+            # stdout closed (e.g. piped into `head`): nothing more to say
+            try:
+                sys.stdout = open("/dev/null", "w")  # noqa: SIM115
+            except OSError:
+                pass
+            raise typer.Exit(0) from None
+
+    return wrapper

@@ -1,0 +1,530 @@
+"""One llama.cpp model: load, batched decode with logits at chosen positions, KV rollback,
+tokenize/detokenize and chat-template rendering.
+
+This is the only module that touches ctypes. It wraps llama-cpp-python's low-level API
+directly (not ``llama_cpp.Llama``) because speculative decoding needs two things the
+high-level class does not give cheaply: logits for a handful of chosen positions of one
+batch (``logits_all=True`` would allocate n_ctx × n_vocab floats, 2.5 GB with a 152k
+vocabulary), and exact control of the KV cache (roll back to the accepted prefix).
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ContextOverflowError, ModelLoadError, RuntimeFailure
+
+try:
+    import llama_cpp as _ll
+except ImportError as _e:  # pragma: no cover - import-time guard for a broken install
+    raise ImportError(
+        "llama-cpp-python is not installed; install easd-local with pip (see README)"
+    ) from _e
+
+
+# --------------------------------------------------------------------------- logging
+class _LogSink:
+    """Receives llama.cpp's log. Quiet by default; keeps the tail so that a failed load
+    can say *why* (llama.cpp returns NULL and explains only in its log)."""
+
+    def __init__(self) -> None:
+        self.verbose = False
+        self.tail: deque[str] = deque(maxlen=64)
+        self._lock = threading.Lock()
+        self._partial = ""
+        # keep a reference: ctypes callbacks must outlive their registration
+        self._cb = _ll.llama_log_callback(self._on_log)
+
+    def _on_log(self, level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        s = text.decode("utf-8", errors="replace") if text else ""
+        if self.verbose:
+            try:
+                os.write(2, s.encode("utf-8", errors="replace"))
+            except OSError:
+                pass
+        with self._lock:
+            self._partial += s
+            while "\n" in self._partial:
+                line, self._partial = self._partial.split("\n", 1)
+                if line.strip():
+                    self.tail.append(line.strip())
+
+    def mark(self) -> int:
+        with self._lock:
+            self.tail.clear()
+            self._partial = ""
+        return 0
+
+    def errors(self) -> list[str]:
+        with self._lock:
+            lines = list(self.tail) + ([self._partial.strip()] if self._partial.strip() else [])
+        keys = ("error", "failed", "unknown", "invalid", "not within", "corrupt", "unsupported")
+        return [ln for ln in lines if any(k in ln.lower() for k in keys)]
+
+
+_SINK: _LogSink | None = None
+_INIT_LOCK = threading.Lock()
+
+
+def _ensure_backend(verbose: bool) -> _LogSink:
+    global _SINK
+    with _INIT_LOCK:
+        if _SINK is None:
+            _SINK = _LogSink()
+            _ll.llama_log_set(_SINK._cb, ctypes.c_void_p(0))
+            _ll.llama_backend_init()
+        _SINK.verbose = verbose
+        return _SINK
+
+
+# --------------------------------------------------------------------------- options/facts
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 4096
+    n_threads: int | None = None  # None: all cores
+    n_gpu_layers: int = 0  # -1 = all layers
+    flash_attn: bool = False
+    main_gpu: int = 0
+    seed: int = 0  # kept for symmetry with llama.cpp; sampling happens in rules.py
+    n_batch: int = 512
+    verbose: bool = False
+
+    def threads(self) -> int:
+        return self.n_threads if self.n_threads and self.n_threads > 0 else (os.cpu_count() or 4)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    path: str
+    file_size: int
+    architecture: str
+    name: str
+    n_params: int
+    n_vocab: int
+    vocab_type: str
+    n_ctx_train: int
+    file_type: str  # general.file_type as llama.cpp names it (e.g. MOSTLY_Q4_K_M)
+    description: str  # llama.cpp's one-line model description
+    chat_template: bool
+    recurrent: bool
+    tensor_types: dict[str, int] = field(default_factory=dict)  # filled by tensor_type_histogram
+
+
+_VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
+
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf_file(path: str | os.PathLike) -> Path:
+    """Cheap checks before llama.cpp sees the file, so the common mistakes get a precise
+    message: missing, a directory, empty, not GGUF."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"{p}: file not found")
+    if p.is_dir():
+        raise ModelLoadError(f"{p}: is a directory, not a GGUF file")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelLoadError(f"{p}: cannot read ({e.strerror})") from None
+    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+        raise ModelLoadError(f"{p}: not a GGUF file (no 'GGUF' magic at the start)")
+    return p
+
+
+def file_type_name(ftype: int) -> str:
+    try:
+        import gguf
+
+        return gguf.LlamaFileType(ftype).name.removeprefix("MOSTLY_")
+    except Exception:
+        return f"type {ftype}"
+
+
+def tensor_type_histogram(path: str | os.PathLike) -> dict[str, int]:
+    """Count tensors per quantization type, read from the GGUF header with the gguf package."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path), "r")
+    hist: dict[str, int] = {}
+    for t in reader.tensors:
+        name = gguf.GGMLQuantizationType(t.tensor_type).name
+        hist[name] = hist.get(name, 0) + 1
+    return dict(sorted(hist.items(), key=lambda kv: -kv[1]))
+
+
+# --------------------------------------------------------------------------- the model
+class Model:
+    """A loaded GGUF model with one llama.cpp context (one sequence, id 0).
+
+    ``tokens`` mirrors what is in the KV cache: ``tokens[i]`` sits at position i.
+    """
+
+    def __init__(self, path: str | os.PathLike, opts: LoadOptions = LoadOptions(), *, vocab_only: bool = False):
+        self.path = check_gguf_file(path)
+        self.opts = opts
+        self.vocab_only = vocab_only
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        self._tokens: list[int] = []
+        sink = _ensure_backend(opts.verbose)
+        sink.mark()
+
+        mparams = _ll.llama_model_default_params()
+        mparams.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 0x7FFFFFFF
+        mparams.main_gpu = opts.main_gpu
+        mparams.vocab_only = vocab_only
+        model = _ll.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
+        if not model:
+            raise ModelLoadError(self._load_failure_reason(sink))
+        self._model = model
+        self._vocab = _ll.llama_model_get_vocab(model)
+        self.n_vocab = int(_ll.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx_train = int(_ll.llama_model_n_ctx_train(model))
+        self.architecture = self.meta("general.architecture") or "unknown"
+        self.recurrent = bool(_ll.llama_model_is_recurrent(model) or _ll.llama_model_is_hybrid(model))
+        self.n_ctx = 0
+        if vocab_only:
+            return
+
+        cparams = _ll.llama_context_default_params()
+        n_ctx = opts.n_ctx if opts.n_ctx > 0 else self.n_ctx_train
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = min(opts.n_batch, n_ctx)
+        # one ubatch per batch: a verify block is evaluated in one graph
+        cparams.n_ubatch = cparams.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads = opts.threads()
+        cparams.n_threads_batch = opts.threads()
+        cparams.flash_attn_type = (
+            _ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else _ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        cparams.no_perf = True
+        ctx = _ll.llama_init_from_model(model, cparams)
+        if not ctx:
+            reason = "; ".join(sink.errors()[-2:]) or "llama.cpp could not create a context"
+            self.close()
+            raise ModelLoadError(f"{self.path}: {reason} (try a smaller --ctx)")
+        self._ctx = ctx
+        self._mem = _ll.llama_get_memory(ctx)
+        self.n_ctx = int(_ll.llama_n_ctx(ctx))
+        self.n_batch = int(cparams.n_batch)
+        self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _load_failure_reason(self, sink: _LogSink) -> str:
+        # llama.cpp explains a NULL model only in its log; keep the most specific line
+        generic = ("failed to load model", "error loading model: llama_model_loader")
+        errs = [e for e in sink.errors() if not any(g in e for g in generic)]
+        size = self.path.stat().st_size
+        text = " ".join(errs).lower()
+
+        def strip_prefix(line: str) -> str:
+            while True:
+                head, sep, rest = line.partition(": ")
+                if sep and head.replace("_", "").replace(" ", "").isalnum() and " " not in head.strip():
+                    line = rest
+                else:
+                    return line.strip().removeprefix("error loading model: ")
+
+        if "unknown model architecture" in text:
+            arch = next(e for e in errs if "unknown model architecture" in e.lower())
+            detail = arch.lower().split("unknown model architecture", 1)[-1].strip(" :'\"")
+            return f"{self.path}: unsupported architecture '{detail}' (this llama.cpp does not know it)"
+        if "not within the file bounds" in text:
+            line = next(e for e in errs if "not within the file bounds" in e)
+            return f"{self.path}: truncated or corrupt GGUF ({size:,} bytes): {strip_prefix(line)}"
+        if errs:
+            return f"{self.path}: not a loadable GGUF ({size:,} bytes; truncated or corrupt?): {strip_prefix(errs[0])}"
+        return f"{self.path}: llama.cpp could not load it (corrupt GGUF?); rerun with --verbose for its log"
+
+    def close(self) -> None:
+        if self._batch is not None:
+            _ll.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            _ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            _ll.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ metadata
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = _ll.llama_model_meta_val_str(self._model, key.encode(), buf, ctypes.sizeof(buf))
+        if n < 0:
+            return None
+        if n >= ctypes.sizeof(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            _ll.llama_model_meta_val_str(self._model, key.encode(), buf, ctypes.sizeof(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        ptr = _ll.llama_model_chat_template(self._model, None)
+        if ptr:
+            return ptr.decode("utf-8", errors="replace") if isinstance(ptr, bytes) else str(ptr)
+        return self.meta("tokenizer.chat_template")
+
+    def facts(self, with_tensor_types: bool = False) -> ModelFacts:
+        desc = ctypes.create_string_buffer(256)
+        _ll.llama_model_desc(self._model, desc, ctypes.sizeof(desc))
+        ftype = self.meta("general.file_type")
+        # a vocab-only load skips the hyper-parameters: read them from the metadata
+        n_ctx_train = self.n_ctx_train or int(self.meta(f"{self.architecture}.context_length") or 0)
+        return ModelFacts(
+            path=str(self.path),
+            file_size=self.path.stat().st_size,
+            architecture=self.architecture,
+            name=self.meta("general.name") or self.path.stem,
+            n_params=int(_ll.llama_model_n_params(self._model)),
+            n_vocab=self.n_vocab,
+            vocab_type=_VOCAB_TYPES.get(int(_ll.llama_vocab_type(self._vocab)), "unknown"),
+            n_ctx_train=n_ctx_train,
+            file_type=file_type_name(int(ftype)) if ftype and ftype.isdigit() else (ftype or "unknown"),
+            description=desc.value.decode("utf-8", errors="replace").strip() or "-",
+            chat_template=self.chat_template() is not None,
+            recurrent=self.recurrent,
+            tensor_types=tensor_type_histogram(self.path) if with_tensor_types else {},
+        )
+
+    # ------------------------------------------------------------------ vocabulary
+    @property
+    def vocab_type(self) -> int:
+        return int(_ll.llama_vocab_type(self._vocab))
+
+    @property
+    def bos_id(self) -> int:
+        return int(_ll.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos_id(self) -> int:
+        return int(_ll.llama_vocab_eos(self._vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(_ll.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def add_eos(self) -> bool:
+        return bool(_ll.llama_vocab_get_add_eos(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(_ll.llama_vocab_is_eog(self._vocab, token))
+
+    def eog_ids(self) -> frozenset[int]:
+        if not hasattr(self, "_eog"):
+            self._eog = frozenset(t for t in range(self.n_vocab) if _ll.llama_vocab_is_eog(self._vocab, t))
+        return self._eog
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's own text for a token id (as stored in the GGUF)."""
+        return _ll.llama_vocab_get_text(self._vocab, token) or b""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (_ll.llama_token * n_max)()
+        n = _ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (_ll.llama_token * n_max)()
+            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+            if n < 0:
+                raise RuntimeFailure(f"{self.path.name}: tokenization failed")
+        return list(buf[:n])
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = _ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = _ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+        return buf.raw[: max(n, 0)]
+
+    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
+        return b"".join(self.token_to_piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")
+
+    def streamer(self) -> "Detokenizer":
+        return Detokenizer(self)
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        """Render messages with the GGUF's own chat template (llama-cpp-python's Jinja2
+        formatter, the same one llama-cpp-python's chat completion uses)."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self.chat_template()
+        if not template:
+            from .errors import ConfigError
+
+            raise ConfigError(f"{self.path.name} has no chat template in its GGUF metadata; use --raw")
+        if not hasattr(self, "_formatter"):
+            bos = self.token_to_piece(self.bos_id, special=True).decode("utf-8", "replace") if self.bos_id >= 0 else ""
+            eos = self.token_to_piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else ""
+            self._formatter = {}
+            self._fmt_tokens = (eos, bos)
+        key = add_generation_prompt
+        if key not in self._formatter:
+            eos, bos = self._fmt_tokens
+            self._formatter[key] = Jinja2ChatFormatter(
+                template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
+            )
+        try:
+            return self._formatter[key](messages=messages).prompt
+        except Exception as e:  # jinja errors from a template we did not write
+            from .errors import ConfigError
+
+            raise ConfigError(f"{self.path.name}: chat template failed to render: {e}") from None
+
+    def chat_tokens(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        # the template already wrote BOS where the model wants it
+        return self.tokenize(text, add_special=False, parse_special=True)
+
+    # ------------------------------------------------------------------ KV cache
+    @property
+    def tokens(self) -> list[int]:
+        """Tokens currently in the KV cache (a copy)."""
+        return list(self._tokens)
+
+    @property
+    def n_past(self) -> int:
+        return len(self._tokens)
+
+    def rollback(self, n: int) -> None:
+        """Drop KV entries from position ``n`` on. Recurrent/hybrid models cannot do this
+        (llama_memory_seq_rm returns False): that is an error, never silent corruption."""
+        if n < 0:
+            raise ValueError("rollback position must be >= 0")
+        if n >= len(self._tokens):
+            return
+        ok = _ll.llama_memory_seq_rm(self._mem, 0, n, -1)
+        if not ok:
+            raise RuntimeFailure(
+                f"{self.path.name}: llama.cpp cannot roll its KV cache back to position {n} "
+                f"(architecture '{self.architecture}' keeps recurrent state); speculative decoding needs a "
+                "transformer whose cache can be truncated"
+            )
+        del self._tokens[n:]
+
+    def reset(self) -> None:
+        _ll.llama_memory_clear(self._mem, True)
+        self._tokens.clear()
+
+    def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int:
+        """Length of the longest common prefix of the cache and ``tokens``; the caller may
+        vouch that the first ``start`` tokens already agree."""
+        n = max(0, min(start, len(self._tokens), len(tokens)))
+        mine = self._tokens
+        for i in range(n, min(len(mine), len(tokens))):
+            if mine[i] != tokens[i]:
+                return i
+            n = i + 1
+        return n
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, tokens: Sequence[int], *, start_pos: int | None = None, logits_at: Sequence[int] = (-1,)) -> np.ndarray:
+        """Evaluate ``tokens`` at positions start_pos, start_pos+1, ... and return the logits
+        for the token indices in ``logits_at`` (indices into ``tokens``; negatives count from
+        the end) as one compact float32 array of shape (len(logits_at), n_vocab).
+
+        ``start_pos`` defaults to the end of the cache; an earlier start rolls back first.
+        Only the requested rows are computed by llama.cpp and copied out."""
+        if self._ctx is None:
+            raise RuntimeFailure(f"{self.path.name}: model was loaded vocab-only or closed")
+        n = len(tokens)
+        if start_pos is None:
+            start_pos = len(self._tokens)
+        if start_pos > len(self._tokens):
+            raise ValueError(f"start_pos {start_pos} is past the cache end {len(self._tokens)}")
+        want = sorted({(i + n) if i < 0 else i for i in logits_at})
+        if want and (want[0] < 0 or want[-1] >= n):
+            raise ValueError(f"logits_at {list(logits_at)} out of range for {n} tokens")
+        if n == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        if start_pos + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"context full: {start_pos + n} tokens needed, the context holds {self.n_ctx} (raise --ctx)"
+            )
+        self.rollback(start_pos)
+        # A Ctrl-C that lands between llama_decode returning and the bookkeeping below can
+        # leave entries the cache list does not know about; clear them before writing.
+        _ll.llama_memory_seq_rm(self._mem, 0, start_pos, -1)
+        row_of = {idx: r for r, idx in enumerate(want)}
+        order = [row_of[(i + n) if i < 0 else i] for i in logits_at]
+        out = np.empty((len(want), self.n_vocab), dtype=np.float32)
+        batch = self._batch
+        wanted = set(want)
+        for c0 in range(0, n, self.n_batch):
+            chunk = tokens[c0 : c0 + self.n_batch]
+            outs: list[int] = []
+            for j, tok in enumerate(chunk):
+                batch.token[j] = tok
+                batch.pos[j] = start_pos + c0 + j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                flag = (c0 + j) in wanted
+                batch.logits[j] = flag
+                if flag:
+                    outs.append(j)
+            batch.n_tokens = len(chunk)
+            rc = _ll.llama_decode(self._ctx, batch)
+            if rc != 0:
+                # leave the cache as it was before this call
+                self._tokens.extend(tokens[:c0])
+                try:
+                    _ll.llama_memory_seq_rm(self._mem, 0, len(self._tokens), -1)
+                finally:
+                    pass
+                if rc == 1:
+                    raise ContextOverflowError(f"{self.path.name}: no room left in the KV cache (raise --ctx)")
+                if rc == 2:
+                    raise KeyboardInterrupt
+                raise RuntimeFailure(f"{self.path.name}: llama_decode failed with code {rc}")
+            for j in outs:
+                ptr = _ll.llama_get_logits_ith(self._ctx, j)
+                if not ptr:
+                    raise RuntimeFailure(f"{self.path.name}: llama.cpp returned no logits for batch index {j}")
+                out[row_of[c0 + j]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        self._tokens.extend(tokens)
+        if order == list(range(len(want))):
+            return out
+        return out[order]
+
+
+class Detokenizer:
+    """Incremental detokenizer for streaming: returns only complete UTF-8 characters, so a
+    multi-byte character split across tokens is never emitted half-way."""
+
+    def __init__(self, model: Model):
+        self._model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, token: int) -> str:
+        return self._dec.decode(self._model.token_to_piece(token))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)

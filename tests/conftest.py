@@ -1,0 +1,63 @@
+"""Shared pytest fixtures: the tiny deterministic GGUF model set.
+
+``scripts/make_tiny_pair.py`` is not a package, so it is imported by path.  Its
+constants (VOCAB_SIZE, EOG_IDS, ODD_FIRST_DIFF_ID, ...) are available through
+the ``tiny_spec`` fixture or ``tests.conftest.make_tiny_pair``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_SCRIPT = REPO_ROOT / "scripts" / "make_tiny_pair.py"
+
+
+def _load_make_tiny_pair():
+    name = "make_tiny_pair"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, _SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+make_tiny_pair = _load_make_tiny_pair()
+
+
+@pytest.fixture(scope="session")
+def tiny_spec():
+    """The ``make_tiny_pair`` module (constants: VOCAB_SIZE, EOG_IDS, ODD_FIRST_DIFF_ID, ...)."""
+    return make_tiny_pair
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Paths of the tiny model set (seed 0): keys draft, target, target_q4, odd."""
+    out = tmp_path_factory.mktemp("tiny")
+    return make_tiny_pair.write_tiny_models(out, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_models) -> Path:
+    return tiny_models["draft"]
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_models) -> Path:
+    return tiny_models["target"]
+
+
+@pytest.fixture(scope="session")
+def tiny_target_q4(tiny_models) -> Path:
+    return tiny_models["target_q4"]
+
+
+@pytest.fixture(scope="session")
+def tiny_odd(tiny_models) -> Path:
+    return tiny_models["odd"]
