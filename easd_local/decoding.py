@@ -141,7 +141,7 @@ def _probs_max(z: np.ndarray) -> float:
 
 
 def generate(
-    target: Model,
+    target: Model | None,
     draft: Model | None,
     prompt: Sequence[int],
     cfg: DecodeConfig,
@@ -157,11 +157,13 @@ def generate(
     mode = cfg.mode
     needs_draft = mode in ("draft", "sd", "easd", "easd-tf")
     if needs_draft and draft is None:
-        raise ConfigError(f"mode {mode} needs a draft model")
+        raise ConfigError(f"mode {mode} needs a draft model (give --draft or a --pair)")
+    if mode != "draft" and target is None:
+        raise ConfigError(f"mode {mode} needs a target model (give --target or a --pair)")
     if len(prompt) == 0:
         raise ConfigError("empty prompt")
     main = draft if mode == "draft" else target
-    V = n_vocab or (min(target.n_vocab, draft.n_vocab) if draft is not None else target.n_vocab)
+    V = n_vocab or min(m.n_vocab for m in (target, draft) if m is not None)
     if len(prompt) + 1 > main.n_ctx or (needs_draft and mode != "draft" and len(prompt) + 1 > draft.n_ctx):
         raise ContextOverflowError(
             f"prompt is {len(prompt)} tokens but the context holds {main.n_ctx}; shorten it or raise --ctx"
@@ -189,7 +191,7 @@ def generate(
         draft.rollback(draft.common_prefix(prompt[:-1]))  # caught up lazily, only if consulted
     stats.seconds_prompt = time.perf_counter() - t_start
     budget = cfg.max_tokens
-    ctx_limit = min(main.n_ctx, draft.n_ctx) if (draft is not None and mode != "draft") else main.n_ctx
+    ctx_limit = min(main.n_ctx, draft.n_ctx) if mode in ("sd", "easd", "easd-tf") else main.n_ctx
     stop_reason = "length"
     first = True
 

@@ -60,13 +60,14 @@ def check_compatible(draft: Model, target: Model) -> int:
 
 @dataclass
 class Pair:
-    draft: Model
-    target: Model
+    draft: Model | None  # None when only the target is needed (mode target)
+    target: Model | None  # None when only the draft is needed (mode draft)
     n_vocab: int  # shared vocabulary size: decoding looks only at ids below this
 
     def close(self) -> None:
-        self.draft.close()
-        self.target.close()
+        for m in (self.draft, self.target):
+            if m is not None:
+                m.close()
 
     def __enter__(self) -> "Pair":
         return self
@@ -96,3 +97,21 @@ def load_pair(
         target.close()
         raise
     return Pair(draft=draft, target=target, n_vocab=min(draft.n_vocab, target.n_vocab))
+
+
+def open_models(
+    draft_path: str | Path | None,
+    target_path: str | Path | None,
+    target_opts: LoadOptions = LoadOptions(),
+    draft_opts: LoadOptions | None = None,
+) -> Pair:
+    """Load what was given: both (checked as a pair) or just one model."""
+    if draft_path is not None and target_path is not None:
+        return load_pair(draft_path, target_path, target_opts, draft_opts)
+    if target_path is not None:
+        t = Model(target_path, target_opts)
+        return Pair(draft=None, target=t, n_vocab=t.n_vocab)
+    if draft_path is not None:
+        d = Model(draft_path, draft_opts or target_opts)
+        return Pair(draft=d, target=None, n_vocab=d.n_vocab)
+    raise ValueError("no model path given")

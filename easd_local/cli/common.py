@@ -11,7 +11,7 @@ from rich.console import Console
 from ..errors import EasdError
 
 console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def friendly(fn):

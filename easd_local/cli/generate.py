@@ -1,5 +1,113 @@
-"""Placeholder: commands land here."""
+"""`easd-local generate PROMPT`: one completion, streamed, with statistics."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from ..config import DecodeConfig
+from ..decoding import Finished, generate as decode_stream
+from ..pair import open_models
+from ..resolve import resolve_config, resolve_pair
+from . import options as o
+from .common import console, err_console, friendly
+from .pull_ui import confirm_download, pull_progress
+from .render import ORIGIN_STYLE, LEGEND, status_line, trace_rows, write_jsonl_atomic
 
 
-def register(app, models_app) -> None:
-    pass
+def register(app: typer.Typer, models_app: typer.Typer) -> None:
+    @app.command("generate")
+    @friendly
+    def generate(
+        prompt: Annotated[str, typer.Argument(help="Prompt text ('-' reads standard input).")],
+        draft: o.DraftOpt = None,
+        target: o.TargetOpt = None,
+        pair: o.PairOpt = None,
+        yes: o.YesOpt = False,
+        mode: o.ModeOpt = None,
+        max_tokens: o.MaxTokOpt = None,
+        temperature: o.TempOpt = None,
+        top_k: o.TopKOpt = None,
+        top_p: o.TopPOpt = None,
+        seed: o.SeedOpt = None,
+        gamma: o.GammaOpt = None,
+        draft_p_min: o.PMinOpt = None,
+        top_n: o.TopNOpt = None,
+        overlap: o.OverlapOpt = None,
+        tau_draft: o.TauDOpt = None,
+        tau_target: o.TauTOpt = None,
+        penalty: o.PenaltyOpt = None,
+        chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the target's chat template.")] = True,
+        system: Annotated[Optional[str], typer.Option("--system", help="System message (with --chat).")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with the text and every statistic.")] = False,
+        show_origin: Annotated[bool, typer.Option("--show-origin", help="Colour each token by where it came from.")] = False,
+        trace: Annotated[Optional[Path], typer.Option("--trace", help="Write a per-token trace (JSONL).")] = None,
+        ctx: o.CtxOpt = 4096,
+        threads: o.ThreadsOpt = None,
+        n_gpu_layers: o.NglOpt = -1,
+        n_gpu_layers_draft: o.NglDraftOpt = None,
+        flash_attn: o.FlashOpt = False,
+        main_gpu: o.MainGpuOpt = 0,
+        verbose: o.VerboseOpt = False,
+    ) -> None:
+        """Generate one completion with EASD (or sd / target / draft / easd-tf) and print statistics."""
+        flags = dict(
+            mode=mode, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            gamma=gamma, draft_p_min=draft_p_min, top_n=top_n, overlap=overlap, tau_draft=tau_draft,
+            tau_target=tau_target, penalty=penalty,
+        )
+        # every value is checked before any model loads
+        DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
+        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+        if prompt == "-":
+            prompt = sys.stdin.read()
+        mode_ = mode or "easd"
+        spec = resolve_pair(pair, draft, target, mode=mode_, confirm=confirm_download(yes), progress=pull_progress())
+        cfg, source = resolve_config(DecodeConfig(), spec, flags)
+        models = open_models(
+            spec.draft if cfg.mode != "target" else (spec.draft if spec.target is None else None),
+            spec.target if cfg.mode != "draft" else None,
+            topts, dopts,
+        )
+        with models:
+            main = models.target if models.target is not None else models.draft
+            cfg.validate(models.n_vocab)
+            if chat:
+                msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+                tokens = main.chat_tokens(msgs)
+            else:
+                tokens = main.tokenize(prompt, add_special=True, parse_special=False)
+            if show_origin and not json_out:
+                err_console.print(LEGEND)
+            events = []
+            fin = None
+            out = sys.stdout
+            for ev in decode_stream(models.target, models.draft, tokens, cfg, n_vocab=models.n_vocab,
+                                    thresholds_source=source):
+                if isinstance(ev, Finished):
+                    fin = ev
+                    break
+                events.append(ev)
+                if not json_out and ev.text:
+                    if show_origin:
+                        console.print(Text(ev.text, style=ORIGIN_STYLE.get(ev.origin, "")), end="")
+                    else:
+                        out.write(ev.text)
+                        out.flush()
+            assert fin is not None
+            if trace is not None:
+                write_jsonl_atomic(trace, trace_rows(events))
+            if json_out:
+                obj = {"text": fin.text, "pair": spec.label, **fin.stats.to_dict()}
+                out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+            else:
+                if fin.tail:
+                    out.write(fin.tail)
+                out.write("\n")
+                out.flush()
+                err_console.print(status_line(fin.stats), style="dim")

@@ -1,0 +1,71 @@
+"""Rendering shared by generate, chat and bench: the status line and origin colours."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+from ..decoding import BONUS, DRAFT, EASD, TARGET, TRACE_NAMES, Stats, TokenEvent
+
+ORIGIN_STYLE = {DRAFT: "green", TARGET: "yellow", EASD: "bold magenta", BONUS: "cyan"}
+LEGEND = (
+    "[green]draft-accepted[/]  [yellow]target-resampled[/]  "
+    "[bold magenta]EASD-resampled[/]  [cyan]bonus[/]"
+)
+
+
+def status_line(s: Stats) -> str:
+    parts = [f"{s.mode}", f"{s.tokens} tokens", f"{s.tokens_per_s:.1f} tok/s", f"ttft {s.ttft_s:.2f}s"]
+    if s.mode in ("sd", "easd"):
+        parts += [f"accepted {100 * s.acceptance_rate:.0f}%", f"mean accepted {s.mean_accepted_len:.2f}/verify"]
+    if s.mode in ("easd", "easd-tf"):
+        parts.append(f"EASD fires {s.easd_fires}")
+        if s.mode == "easd-tf":
+            parts.append(f"draft consulted {s.draft_consults}")
+        parts.append(f"τd={s.tau_draft:g} τt={s.tau_target:g} ({s.thresholds_source})")
+    if s.stop_reason and s.stop_reason != "eos":
+        parts.append(f"stop: {s.stop_reason}")
+    return " · ".join(parts)
+
+
+def _num(x):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return None
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return round(float(x), 5) if isinstance(x, float) else x
+
+
+def trace_rows(events: Iterable[TokenEvent]) -> Iterable[dict]:
+    for i, ev in enumerate(events):
+        yield {
+            "i": i,
+            "token": ev.token,
+            "text": ev.text,
+            "origin": TRACE_NAMES.get(ev.origin, ev.origin),
+            "h_draft": _num(ev.h_draft),
+            "h_target": _num(ev.h_target),
+            "overlap": _num(ev.overlap),
+        }
+
+
+def write_jsonl_atomic(path: Path, rows: Iterable[dict]) -> None:
+    """Write to a temp file beside ``path`` and rename: never a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
