@@ -252,7 +252,7 @@ def generate(
                 if len(pending) > 1:
                     stats.catchup_calls += 1
                     stats.catchup_tokens += len(pending)
-            tok, origin, _fired, h_t, h_d, ov = rules.target_first_step(z_t, z_d, cfg, rng, gate_on)
+            tok, origin, _fired, h_t, h_d, ov = rules.target_first_step(z_t, z_d, cfg, rng, gate_on, h_t=h_t)
             yield emit(tok, origin, h_d, h_t, ov)
             block = [tok]
         else:  # sd / easd

@@ -1,0 +1,560 @@
+"""The pure numpy maths of speculative decoding (SD) and Entropy-Aware SD (EASD).
+
+No llama.cpp, no I/O: everything here maps logits (and a ``numpy.random.Generator``)
+to numbers, so the real decoding loop and the fake-model tests run the same code.
+
+Shapes: logits are ``(k, V)`` float arrays (k positions, V up to ~152k) or ``(V,)`` for a
+single position; functions that accept both return a scalar for ``(V,)`` input. Work is
+vectorised over the vocabulary; float32 is kept where it is accurate enough and sums that
+decide probabilities (softmax normalisers, entropies, cumulative masses for sampling and
+top-p) are accumulated in float64.
+
+Randomness (see ``verify_block`` and ``target_first_step``) is drawn in a fixed,
+documented order, and the EASD gate itself never consumes random numbers, so with the
+same seed EASD whose gate never fires emits exactly what SD emits and leaves the
+generator in the same state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .config import DecodeConfig
+
+__all__ = [
+    "entropy",
+    "top_n_overlap",
+    "gate",
+    "sampling_probs",
+    "greedy",
+    "runner_up",
+    "sd_accept",
+    "residual",
+    "penalize",
+    "sample",
+    "BlockResult",
+    "verify_block",
+    "needs_draft",
+    "target_first_step",
+    "ORIGINS",
+]
+
+ORIGINS = ("draft", "target", "easd", "bonus")
+
+# top-p without top-k: the nucleus is first looked for among this many most likely
+# tokens (argpartition + a small sort); only when they hold less than top_p of the
+# mass is the whole row sorted. The result is identical either way (up to tie order).
+_NUCLEUS_CANDIDATES = 1024
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _rows(logits) -> tuple[np.ndarray, bool]:
+    """View ``logits`` as 2-D float rows; the flag says the input was 1-D."""
+    z = np.asarray(logits)
+    if z.dtype.kind != "f":
+        z = z.astype(np.float32)
+    if z.ndim == 1:
+        return z[None, :], True
+    if z.ndim != 2:
+        raise ValueError(f"logits must have shape (V,) or (k, V), got {z.shape}")
+    return z, False
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    """Row softmax of 2-D ``z`` in z's dtype, normaliser summed in float64."""
+    e = z - z.max(axis=-1, keepdims=True)
+    np.exp(e, out=e)
+    s = e.sum(axis=-1, keepdims=True, dtype=np.float64)
+    e *= (1.0 / s).astype(e.dtype)
+    return e
+
+
+# --------------------------------------------------------------------- gate quantities
+
+
+def entropy(logits):
+    """Shannon entropy (nats) of the untempered softmax (T = 1) over the full row.
+
+    ``H(z) = logsumexp(z) - sum(softmax(z) * z)``, computed as
+    ``log S - sum(e * d) / S`` with ``d = z - max(z)``, ``e = exp(d)``, ``S = sum(e)``,
+    which is shift invariant and never negative; sums are accumulated in float64.
+    Tokens with logit -inf have probability 0 and contribute nothing.
+    Returns a float64 array ``(k,)`` for ``(k, V)`` input, a float64 scalar for ``(V,)``.
+    """
+    z, squeeze = _rows(logits)
+    d = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(d)
+    s = e.sum(axis=-1, dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # 0 * -inf for masked logits, fixed below
+        np.multiply(e, d, out=d)  # d is now e * d
+    t = d.sum(axis=-1, dtype=np.float64)
+    bad = np.isnan(t)
+    if bad.any():  # 0 * (-inf) from masked (-inf) logits: recompute those rows safely
+        for i in np.flatnonzero(bad):
+            zi = z[i] - z[i].max()
+            ei = np.exp(zi)
+            t[i] = np.multiply(ei, zi, out=np.zeros_like(ei), where=ei > 0).sum(dtype=np.float64)
+    h = np.log(s) - t / s
+    return h[0] if squeeze else h
+
+
+def _top_n_sets(z: np.ndarray, n: int) -> np.ndarray:
+    """Indices (k, n) of the n largest entries per row (argpartition's set on ties)."""
+    V = z.shape[-1]
+    return np.argpartition(z, V - n, axis=-1)[:, V - n:]
+
+
+def top_n_overlap(z_draft, z_target, n: int):
+    """``|TopN(z_d) ∩ TopN(z_t)| / n`` per row.
+
+    TopN is the set ``np.argpartition`` returns for the n largest logits; with ties at
+    the n-th value which of the tied tokens belong to the set is argpartition's choice
+    (deterministic for a given array, but unspecified). ``n`` larger than V is clamped
+    to V (every token is then in both sets, overlap 1). Returns ``(k,)`` float64 or a
+    scalar for 1-D input.
+    """
+    zd, squeeze = _rows(z_draft)
+    zt, _ = _rows(z_target)
+    if zd.shape != zt.shape:
+        raise ValueError(f"draft and target logits differ in shape: {zd.shape} vs {zt.shape}")
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    n = min(n, zd.shape[-1])
+    a = _top_n_sets(zd, n)
+    b = _top_n_sets(zt, n)
+    common = (a[:, :, None] == b[:, None, :]).any(axis=-1).sum(axis=-1)
+    ov = common / float(n)
+    return ov[0] if squeeze else ov
+
+
+def gate(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):
+    """EASD gate: ``H_d >= tau_draft and H_t >= tau_target and O >= tau_overlap``.
+
+    Elementwise on arrays (a numpy bool array; ``np.bool_`` for scalars). An infinite
+    threshold never fires (no finite entropy or overlap reaches +inf); NaN never fires.
+    """
+    return (
+        (np.asarray(h_draft) >= tau_draft)
+        & (np.asarray(h_target) >= tau_target)
+        & (np.asarray(overlap) >= tau_overlap)
+    )
+
+
+# --------------------------------------------------------------- sampling distribution
+
+
+def _nucleus(pc: np.ndarray, top_p: float, total: np.ndarray) -> np.ndarray:
+    """Keep, per row of ``pc`` (k, C), the smallest set of largest entries whose mass
+    reaches ``top_p * total`` (at least one entry); zero the rest and renormalise."""
+    C = pc.shape[-1]
+    order = np.argsort(-pc, axis=-1)
+    rows = np.arange(pc.shape[0])[:, None]
+    ps = pc[rows, order]
+    cs = np.cumsum(ps, axis=-1, dtype=np.float64)
+    m = (cs < (top_p * total)[:, None]).sum(axis=-1) + 1  # first index reaching the mass, +1
+    np.minimum(m, C, out=m)
+    ps = np.where(np.arange(C)[None, :] < m[:, None], ps, 0).astype(pc.dtype, copy=False)
+    out = np.zeros_like(pc)
+    out[rows, order] = ps
+    out *= (1.0 / out.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(out.dtype)
+    return out
+
+
+def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.0):
+    """The distribution a token is sampled from, after (in this order):
+
+    1. temperature: ``z / temperature`` (``temperature > 0`` required, else ValueError);
+    2. top-k (``0 < top_k < V``): keep exactly the k largest logits (argpartition's
+       choice among ties at the k-th value);
+    3. softmax;
+    4. top-p (``top_p < 1``): keep the smallest set of most likely tokens whose
+       cumulative probability (under the tempered, top-k-renormalised distribution)
+       reaches ``top_p``, always at least one token; ties at the boundary are broken
+       by sort order;
+    5. renormalise. Masked tokens get exactly 0.
+
+    Note: llama.cpp's default sampler chain applies temperature *last*
+    (top-k -> top-p -> temp), i.e. its top-p sees the T = 1 distribution. Here top-p
+    sees the tempered one (as in Hugging Face transformers). Top-k is unaffected by the
+    order; the two differ only when ``top_p < 1`` and ``temperature != 1``. Both p and q
+    in SD/EASD are built with this same function, so the decoding maths is consistent.
+
+    Returns float32 for float32 input (float64 for float64 input), shape as ``logits``.
+    """
+    if not (temperature > 0) or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    if not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    z, squeeze = _rows(logits)
+    k, V = z.shape
+    rows = np.arange(k)[:, None]
+    zt = z / z.dtype.type(temperature) if temperature != 1.0 else z  # never written to
+    if 0 < top_k < V:
+        cand = np.argpartition(zt, V - top_k, axis=-1)[:, V - top_k:]
+        pc = _softmax(zt[rows, cand])
+        if top_p < 1.0:
+            pc = _nucleus(pc, top_p, pc.sum(axis=-1, dtype=np.float64))
+        out = np.zeros_like(zt)
+        out[rows, cand] = pc
+    else:
+        out = _softmax(zt)
+        if top_p < 1.0:
+            total = out.sum(axis=-1, dtype=np.float64)
+            C = min(V, _NUCLEUS_CANDIDATES)
+            done = False
+            if C < V:
+                cand = np.argpartition(out, V - C, axis=-1)[:, V - C:]
+                pc = out[rows, cand]
+                if np.all(pc.sum(axis=-1, dtype=np.float64) >= top_p * total):
+                    pc = _nucleus(pc, top_p, total)
+                    out.fill(0)
+                    out[rows, cand] = pc
+                    done = True
+            if not done:
+                out = _nucleus(out, top_p, total)
+    return out[0] if squeeze else out
+
+
+# ------------------------------------------------------------------ token-level rules
+
+
+def greedy(logits):
+    """Argmax per row (first maximum on ties, as ``np.argmax``); int for 1-D input."""
+    z, squeeze = _rows(logits)
+    a = np.argmax(z, axis=-1)
+    return int(a[0]) if squeeze else a
+
+
+def runner_up(logits, exclude):
+    """Per row, the argmax with token ``exclude[i]`` removed (first maximum on ties).
+
+    Used by greedy EASD: the target's best token other than the draft's. Never returns
+    ``exclude`` when V >= 2 (if every other logit is -inf, returns ``(exclude+1) % V``).
+    ``exclude`` is a scalar or ``(k,)``; returns an int for 1-D logits, else ``(k,)``.
+    """
+    z, squeeze = _rows(logits)
+    k, V = z.shape
+    if V < 2:
+        raise ValueError("runner_up needs a vocabulary of at least 2 tokens")
+    ex = np.broadcast_to(np.asarray(exclude, dtype=np.intp).reshape(-1), (k,))
+    best = np.argmax(z, axis=-1)
+    clash = np.flatnonzero(best == ex)
+    if clash.size:
+        sub = z[clash].copy()
+        exc = ex[clash]
+        sub[np.arange(clash.size), exc] = -np.inf
+        b2 = np.argmax(sub, axis=-1)
+        same = b2 == exc
+        b2[same] = (exc[same] + 1) % V
+        best[clash] = b2
+    return int(best[0]) if squeeze else best
+
+
+def sd_accept(p_tok, q_tok, u):
+    """SD acceptance test: accept with probability ``min(1, p/q)``.
+
+    Returns ``u < p/q`` for ``u`` uniform on [0, 1), evaluated as ``u * q < p`` in
+    float64, which needs no division and for ``q == 0`` (impossible for a token that was
+    sampled from q) accepts iff ``p > 0``. A Python bool for scalars, else a bool array.
+    """
+    if np.ndim(u) == 0 and np.ndim(p_tok) == 0 and np.ndim(q_tok) == 0:
+        return float(u) * float(q_tok) < float(p_tok)
+    u, q, p = (np.asarray(x, dtype=np.float64) for x in (u, q_tok, p_tok))
+    return u * q < p
+
+
+def residual(p, q):
+    """Rejection distribution ``norm(max(0, p - q))`` (along the last axis).
+
+    If the positive part has zero mass, then ``p <= q`` everywhere and, both summing to
+    one, ``p == q``: the SD rejection probability ``sum(max(0, q - p))`` is then 0, so
+    this branch is only reached through float rounding; returning ``p`` keeps the output
+    law equal to p (what SD must emit) instead of dividing by zero.
+    """
+    p = np.asarray(p)
+    r = np.maximum(np.asarray(p) - np.asarray(q), 0)
+    s = r.sum(axis=-1, keepdims=True, dtype=np.float64)
+    if p.ndim == 1:
+        return r / r.dtype.type(s[0]) if s[0] > 0 else p.copy()
+    return np.where(s > 0, r / np.where(s > 0, s, 1).astype(r.dtype), p)
+
+
+def penalize(p, token: int, lam: float, fallback=None):
+    """``p`` with ``p[token] *= lam``, renormalised (EASD's re-pick distribution).
+
+    Zero remaining mass happens only when p is a point mass on ``token`` and lam == 0
+    (e.g. after top-k = 1 or a tight top-p truncated every alternative away). Then
+    ``fallback`` is used in p's place: an array, or a zero-argument callable returning
+    one (so it is only built when needed); the decoding code passes the *untruncated*
+    tempered target distribution, whose alternatives the truncation removed. If there is
+    no fallback, or it too has no mass outside ``token``, ``p`` is returned unchanged:
+    no other token is possible, so re-emitting the gated token is the only option.
+    """
+    p = np.asarray(p)
+    out = p.copy()
+    out[token] *= lam
+    s = out.sum(dtype=np.float64)
+    if s > 0:
+        out *= out.dtype.type(1.0 / s)
+        return out
+    if fallback is not None:
+        f = np.array(fallback() if callable(fallback) else fallback, copy=True)
+        f[token] *= lam
+        s = f.sum(dtype=np.float64)
+        if s > 0:
+            f *= f.dtype.type(1.0 / s)
+            return f
+    return p.copy()
+
+
+def sample(probs, rng: np.random.Generator) -> int:
+    """Inverse-CDF sample of one token from ``probs`` (V,), using one ``rng.random()``.
+
+    The cumulative sum is taken in float64 and scaled by its total, so ``probs`` need
+    not sum to exactly 1. ``searchsorted(..., side="right")`` never lands on a
+    zero-probability token; a draw that rounds past the end is clipped to the last
+    token with nonzero probability.
+    """
+    cs = np.cumsum(probs, dtype=np.float64)
+    total = cs[-1]
+    if not (total > 0) or not math.isfinite(total):
+        raise ValueError(f"cannot sample from a distribution with total mass {total}")
+    i = int(np.searchsorted(cs, rng.random() * total, side="right"))
+    if i >= cs.size:
+        i = int(np.flatnonzero(np.asarray(probs) > 0)[-1])
+    return i
+
+
+# ------------------------------------------------------------------- one verify block
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """Outcome of one SD/EASD verification of a drafted block.
+
+    ``tokens``/``origins`` are emitted in order; origins are "draft" (accepted draft
+    token), "target" (SD rejection: resampled from the residual, greedy: the target's
+    argmax), "easd" (the gate fired on an SD-accepted draft token and the target
+    re-picked) or "bonus" (all drafts accepted: one extra token from the target).
+    Identities: ``count(draft) + count(easd) == n_accepted_sd``,
+    ``count(target) == n_rejected_sd`` (0 or 1), ``count(easd) == int(gate_fired)``,
+    a bonus exactly when all g drafts were accepted and the gate did not fire, so
+    ``len(tokens) == n_accepted_sd + n_rejected_sd + bonus``.
+    ``h_draft``/``h_target``/``overlap`` have one entry per drafted position examined
+    (``n_accepted_sd + n_rejected_sd``), NaN when the gate was off.
+    """
+
+    tokens: list[int]
+    origins: list[str]
+    n_accepted_sd: int
+    n_rejected_sd: int
+    gate_fired: bool
+    h_draft: list[float] = field(default_factory=list)
+    h_target: list[float] = field(default_factory=list)
+    overlap: list[float] = field(default_factory=list)
+
+    @property
+    def bonus(self) -> bool:
+        return bool(self.origins) and self.origins[-1] == "bonus"
+
+    @property
+    def n_draft_emitted(self) -> int:
+        return self.origins.count("draft")
+
+
+def verify_block(
+    draft_tokens,
+    z_draft,
+    z_target,
+    cfg: DecodeConfig,
+    rng: np.random.Generator,
+    gate_on: bool,
+) -> BlockResult:
+    """One SD (``gate_on=False``) or EASD (``gate_on=True``) verification step.
+
+    ``draft_tokens`` (g,), ``z_draft`` (g, V) the draft's raw logits at each drafted
+    position (in sampling mode draft token i must have been sampled from
+    ``sampling_probs(z_draft[i], cfg.temperature, cfg.top_k, cfg.top_p)``),
+    ``z_target`` (g+1, V) the target's raw logits (row i scores draft token i's
+    position, row g the position after the last draft). g may be 0 (bonus only).
+
+    Greedy (``cfg.temperature == 0``): accept draft i while it equals argmax z_t[i];
+    the first mismatch is replaced by that argmax ("target"). Sampling: accept with
+    probability min(1, p_i(d)/q_i(d)); on rejection emit a sample of residual(p_i, q_i)
+    ("target"). The block stops at the first rejection; if all g are accepted a bonus
+    token is emitted (argmax / sample of p_g). EASD: an SD-accepted draft token whose
+    gate (raw-logit entropies and top-N overlap) fires is replaced by the target's
+    runner-up (greedy) or a sample of penalize(p_i, d_i, cfg.penalty) ("easd") and the
+    block stops. No gate on the bonus token.
+
+    Random numbers (sampling mode only; greedy consumes none), in this order: for each
+    examined position one ``rng.random()`` for the acceptance test; then exactly one
+    more draw for the token that ends the block (residual sample, penalised sample or
+    bonus sample). The gate itself draws nothing, so a gate that never fires leaves
+    tokens and generator state identical to plain SD.
+    """
+    d = np.asarray(draft_tokens, dtype=np.intp).reshape(-1)
+    g = int(d.size)
+    zt, _ = _rows(z_target)
+    V = zt.shape[-1]
+    if zt.shape[0] != g + 1:
+        raise ValueError(f"z_target must have g+1 = {g + 1} rows, got {zt.shape[0]}")
+    zd = np.asarray(z_draft).reshape(g, V) if g else np.zeros((0, V), dtype=zt.dtype)
+
+    nan = [math.nan] * g
+    if gate_on and g:
+        hd = entropy(zd)
+        ht = entropy(zt[:g])
+        ov = top_n_overlap(zd, zt[:g], cfg.top_n)
+        fires = gate(hd, ht, ov, cfg.tau_draft, cfg.tau_target, cfg.overlap)
+        hd, ht, ov = hd.tolist(), ht.tolist(), ov.tolist()
+    else:
+        fires = np.zeros(g, dtype=bool)
+        hd, ht, ov = nan, nan, nan
+
+    tokens: list[int] = []
+    origins: list[str] = []
+    n_acc = n_rej = 0
+    fired = False
+
+    if cfg.greedy:
+        best = greedy(zt)
+        for i in range(g):
+            di = int(d[i])
+            if di != int(best[i]):
+                tokens.append(int(best[i]))
+                origins.append("target")
+                n_rej = 1
+                break
+            n_acc += 1
+            if fires[i]:
+                tokens.append(runner_up(zt[i], di))
+                origins.append("easd")
+                fired = True
+                break
+            tokens.append(di)
+            origins.append("draft")
+        else:
+            tokens.append(int(best[g]))
+            origins.append("bonus")
+    else:
+        T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
+        p = sampling_probs(zt, T, K, P)
+        q = sampling_probs(zd, T, K, P) if g else None
+        for i in range(g):
+            di = int(d[i])
+            if not sd_accept(p[i, di], q[i, di], rng.random()):
+                tokens.append(sample(residual(p[i], q[i]), rng))
+                origins.append("target")
+                n_rej = 1
+                break
+            n_acc += 1
+            if fires[i]:
+                row = zt[i]
+                pen = penalize(p[i], di, cfg.penalty, fallback=lambda: sampling_probs(row, T))
+                tokens.append(sample(pen, rng))
+                origins.append("easd")
+                fired = True
+                break
+            tokens.append(di)
+            origins.append("draft")
+        else:
+            tokens.append(sample(p[g], rng))
+            origins.append("bonus")
+
+    n_exam = n_acc + n_rej
+    return BlockResult(
+        tokens=tokens,
+        origins=origins,
+        n_accepted_sd=n_acc,
+        n_rejected_sd=n_rej,
+        gate_fired=fired,
+        h_draft=list(hd[:n_exam]),
+        h_target=list(ht[:n_exam]),
+        overlap=list(ov[:n_exam]),
+    )
+
+
+# ------------------------------------------------------------ target-first EASD (tf)
+
+
+def _gate_can_fire(cfg: DecodeConfig) -> bool:
+    return math.isfinite(cfg.tau_draft) and math.isfinite(cfg.tau_target) and cfg.overlap <= 1.0
+
+
+def needs_draft(z_target_row, cfg: DecodeConfig, gate_on: bool) -> tuple[bool, float]:
+    """easd-tf: whether the draft's logits are needed at this position, and H(z_t).
+
+    The draft is consulted only if the gate is on, can fire at all (finite entropy
+    thresholds, overlap threshold <= 1) and ``H(z_t) >= cfg.tau_target``. ``h_t`` is
+    NaN when the gate is off (the entropy is then not computed). Pass ``h_t`` on to
+    ``target_first_step`` to avoid computing it twice.
+    """
+    if not gate_on:
+        return False, math.nan
+    h_t = float(entropy(z_target_row))
+    return bool(_gate_can_fire(cfg) and h_t >= cfg.tau_target), h_t
+
+
+def _emit_from_p(z_t: np.ndarray, cfg: DecodeConfig, rng: np.random.Generator) -> int:
+    if cfg.greedy:
+        return greedy(z_t)
+    return sample(sampling_probs(z_t, cfg.temperature, cfg.top_k, cfg.top_p), rng)
+
+
+def target_first_step(
+    z_target_row,
+    z_draft_row,
+    cfg: DecodeConfig,
+    rng: np.random.Generator,
+    gate_on: bool,
+    h_t: float | None = None,
+) -> tuple[int, str, bool, float, float, float]:
+    """One position of target-first EASD ("easd-tf"); returns
+    ``(token, origin, fired, h_t, h_d, overlap)``.
+
+    ``z_draft_row`` is None when ``needs_draft`` said the draft need not be consulted:
+    the token is then emitted from p (greedy argmax or one sample), origin "target",
+    and ``h_d``/``overlap`` are NaN. With draft logits the gate is evaluated on raw
+    logits; closed -> emit from p. Open, greedy: if argmax q == argmax p emit the
+    target's runner-up ("easd", fired) else argmax p ("target"). Open, sampling: draw
+    ``d ~ q``; if the SD test would accept d (probability min(1, p(d)/q(d))) emit a
+    sample of ``penalize(p, d, cfg.penalty)`` ("easd", fired), else a sample of
+    ``residual(p, q)`` ("target").
+
+    Random numbers (sampling only): emit-from-p uses one draw; the open gate uses three,
+    in order: d ~ q, the acceptance uniform, the emitted token.
+    ``h_t`` may be passed (from ``needs_draft``) to skip recomputing it.
+    """
+    z_t = np.asarray(z_target_row)
+    if h_t is None:
+        h_t = float(entropy(z_t)) if gate_on else math.nan
+    if not gate_on or z_draft_row is None:
+        return _emit_from_p(z_t, cfg, rng), "target", False, h_t, math.nan, math.nan
+    z_d = np.asarray(z_draft_row)
+    h_d = float(entropy(z_d))
+    ov = float(top_n_overlap(z_d, z_t, cfg.top_n))
+    if not gate(h_d, h_t, ov, cfg.tau_draft, cfg.tau_target, cfg.overlap):
+        return _emit_from_p(z_t, cfg, rng), "target", False, h_t, h_d, ov
+    if cfg.greedy:
+        a_p = greedy(z_t)
+        if greedy(z_d) == a_p:
+            return runner_up(z_t, a_p), "easd", True, h_t, h_d, ov
+        return a_p, "target", False, h_t, h_d, ov
+    T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
+    p = sampling_probs(z_t, T, K, P)
+    q = sampling_probs(z_d, T, K, P)
+    d = sample(q, rng)
+    if sd_accept(p[d], q[d], rng.random()):
+        pen = penalize(p, d, cfg.penalty, fallback=lambda: sampling_probs(z_t, T))
+        return sample(pen, rng), "easd", True, h_t, h_d, ov
+    return sample(residual(p, q), rng), "target", False, h_t, h_d, ov
