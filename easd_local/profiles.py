@@ -1,17 +1,43 @@
 """Calibration profiles: per-pair EASD thresholds (tau_draft, tau_target).
 
-Precedence everywhere: a flag given on the command line > the pair's profile > the
-built-in defaults in config.py. A profile comes from the user's cache (written by
-``easd-local calibrate``) or from the catalog entry of a known pair.
+Precedence everywhere: a flag given on the command line > the user's profile for the pair
+(written by ``easd-local calibrate --percentile P``) > the catalog's profile for the pair
+(``[pairs.NAME.profile]`` in models/catalog.toml) > the built-in defaults in config.py.
+
+A pair is identified by the sha256 of its two files, never by their paths: a profile
+follows the files wherever they are (catalog cache, a user's download, a symlink) and is
+not applied to a different file that happens to have the same name. For catalog models
+the catalog's sha256 is used; other files are hashed once and the hash is cached in
+``<home>/hash-cache.json`` keyed by resolved path, size and mtime, so a 1 GB model is read
+once, not on every command. Hashing is skipped entirely when no profile (user or catalog)
+has the right file sizes, so commands on uncalibrated pairs never pay for it.
+
+User profiles are small JSON files in ``paths.profiles_dir()`` named
+``<draft sha256[:16]>-<target sha256[:16]>.json`` (format: ``PROFILE_SCHEMA``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import paths
 from .config import DecodeConfig
+from .errors import ConfigError
+
+PROFILE_SCHEMA = 1
+HASH_CACHE_NAME = "hash-cache.json"
+# files at least this big get their sha256 cached (smaller ones are hashed every time:
+# cheaper than a cache lookup that could go stale)
+HASH_CACHE_MIN_BYTES = 16 << 20
+_BLOCK = 1 << 20
+_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -20,19 +46,211 @@ class Profile:
     tau_target: float
     source: str  # where it came from, shown to the user ("catalog pair 'default'", a file path)
     percentile: float | None = None
+    kind: str = "catalog"  # "user" (written by calibrate) or "catalog"
+    path: Path | None = None  # the user profile's file
 
 
-def _from_mapping(d: Mapping[str, Any], source: str) -> Profile | None:
+@dataclass(frozen=True)
+class FileId:
+    """What identifies a model file for profiles."""
+
+    sha256: str
+    size: int
+    name: str = ""
+
+
+def _from_mapping(d: Mapping[str, Any], source: str, kind: str = "catalog", path: Path | None = None) -> Profile | None:
     try:
-        return Profile(float(d["tau_draft"]), float(d["tau_target"]), source, d.get("percentile"))
+        p = d.get("percentile")
+        return Profile(float(d["tau_draft"]), float(d["tau_target"]), source,
+                       float(p) if p is not None else None, kind, path)
     except (KeyError, TypeError, ValueError):
         return None
 
 
+# ------------------------------------------------------------------------------ hashing
+
+
+def hash_cache_path() -> Path:
+    return paths.home() / HASH_CACHE_NAME
+
+
+def _read_hash_cache() -> dict[str, Any]:
+    try:
+        data = json.loads(hash_cache_path().read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file; for big files cached by (resolved path, size, mtime_ns)."""
+    p = Path(path).expanduser().resolve()
+    st = p.stat()
+    key = str(p)
+    if st.st_size >= HASH_CACHE_MIN_BYTES:
+        with _LOCK:
+            rec = _read_hash_cache().get(key)
+        if isinstance(rec, dict) and rec.get("size") == st.st_size and rec.get("mtime_ns") == st.st_mtime_ns:
+            sha = rec.get("sha256")
+            if isinstance(sha, str) and len(sha) == 64:
+                return sha
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while True:
+            block = f.read(_BLOCK)
+            if not block:
+                break
+            h.update(block)
+    sha = h.hexdigest()
+    if st.st_size >= HASH_CACHE_MIN_BYTES:
+        with _LOCK:
+            cache = _read_hash_cache()
+            cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+            try:
+                _write_json_atomic(hash_cache_path(), cache)
+            except OSError:
+                pass  # a read-only home only costs a re-hash next time
+    return sha
+
+
+def file_id(path: str | os.PathLike, model_entry=None) -> FileId:
+    """A file's identity: the catalog's sha256 when the file is that catalog model (same
+    size), else its own (cached) hash."""
+    p = Path(path).expanduser()
+    size = p.stat().st_size
+    if model_entry is not None and getattr(model_entry, "size", None) == size and getattr(model_entry, "sha256", None):
+        return FileId(model_entry.sha256, size, p.name)
+    return FileId(file_sha256(p), size, p.name)
+
+
+# ------------------------------------------------------------------------ user profiles
+
+
+def profile_path(draft_sha: str, target_sha: str) -> Path:
+    return paths.profiles_dir() / f"{draft_sha[:16]}-{target_sha[:16]}.json"
+
+
+def write_profile(draft: FileId, target: FileId, tau_draft: float, tau_target: float, *,
+                  percentile: float | None = None, **info: Any) -> Path:
+    """Write (atomically) the user profile of a pair and return its path. ``info`` is kept
+    verbatim (positions, dataset, command, percentiles, ...)."""
+    for name, v in (("tau_draft", tau_draft), ("tau_target", tau_target)):
+        if not (v == v) or v < 0:
+            raise ConfigError(f"{name} must be a number >= 0, got {v}")
+    obj = {
+        "schema": PROFILE_SCHEMA,
+        "draft": {"sha256": draft.sha256, "size": draft.size, "name": draft.name},
+        "target": {"sha256": target.sha256, "size": target.size, "name": target.name},
+        "tau_draft": float(tau_draft),
+        "tau_target": float(tau_target),
+        "percentile": percentile,
+        **info,
+    }
+    path = profile_path(draft.sha256, target.sha256)
+    _write_json_atomic(path, obj)
+    return path
+
+
+def _profiles_dir_if_any() -> Path | None:
+    d = paths.home() / "profiles"
+    return d if d.is_dir() else None
+
+
+def _user_profiles() -> list[tuple[Path, dict]]:
+    d = _profiles_dir_if_any()
+    if d is None:
+        return []
+    out = []
+    for f in sorted(d.glob("*.json")):
+        try:
+            data = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("draft"), dict) and isinstance(data.get("target"), dict):
+            out.append((f, data))
+    return out
+
+
+def read_profile(path: str | os.PathLike) -> Profile:
+    """Load one profile file (ConfigError if it is not one)."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"profile {p} is unreadable: {e}") from None
+    prof = _from_mapping(data, str(p), "user", p) if isinstance(data, dict) else None
+    if prof is None:
+        raise ConfigError(f"profile {p} has no numeric tau_draft and tau_target")
+    return prof
+
+
+# ------------------------------------------------------------------------------- lookup
+
+
+def _catalog_pairs(pair_entry) -> list:
+    if pair_entry is not None:
+        return [pair_entry]
+    try:
+        from .catalog import load_catalog
+
+        return list(load_catalog().pairs.values())
+    except Exception:  # a broken catalog must not break decoding with explicit files
+        return []
+
+
 def find_profile(draft_path: Path | None, target_path: Path | None, pair_entry=None) -> Profile | None:
-    """The profile in force for this pair, or None (defaults apply)."""
-    if pair_entry is not None and getattr(pair_entry, "profile", None):
-        return _from_mapping(pair_entry.profile, f"catalog pair '{pair_entry.name}'")
+    """The profile in force for this pair, or None (defaults apply).
+
+    User profile (matched by both files' sha256) first, then the catalog's profile: of
+    ``pair_entry`` when given, else of any catalog pair whose two models are these files
+    (same sha256). Files are hashed only if some profile has their sizes."""
+    if draft_path is None or target_path is None:
+        # one-model modes: a catalog pair's profile still describes its thresholds
+        if pair_entry is not None and getattr(pair_entry, "profile", None):
+            return _from_mapping(pair_entry.profile, f"catalog pair '{pair_entry.name}'")
+        return None
+    try:
+        d_size = Path(draft_path).expanduser().stat().st_size
+        t_size = Path(target_path).expanduser().stat().st_size
+    except OSError:
+        return None
+    users = [(f, data) for f, data in _user_profiles()
+             if data["draft"].get("size") == d_size and data["target"].get("size") == t_size]
+    cats = [pe for pe in _catalog_pairs(pair_entry)
+            if getattr(pe, "profile", None) and pe.draft.size == d_size and pe.target.size == t_size]
+    if not users and not cats:
+        return None
+    entry_d = pair_entry.draft if pair_entry is not None else None
+    entry_t = pair_entry.target if pair_entry is not None else None
+    did = file_id(draft_path, entry_d)
+    tid = file_id(target_path, entry_t)
+    for f, data in users:
+        if data["draft"].get("sha256") == did.sha256 and data["target"].get("sha256") == tid.sha256:
+            prof = _from_mapping(data, str(f), "user", f)
+            if prof is not None:
+                return prof
+    for pe in cats:
+        if pe.draft.sha256 == did.sha256 and pe.target.sha256 == tid.sha256:
+            prof = _from_mapping(pe.profile, f"catalog pair '{pe.name}'")
+            if prof is not None:
+                return prof
     return None
 
 

@@ -137,8 +137,12 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
             head = f.read(8)
     except OSError as e:
         raise ModelLoadError(f"{p}: cannot read ({e.strerror})") from None
-    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+    if not head:
+        raise ModelLoadError(f"{p}: empty file (0 bytes), not a GGUF model")
+    if head[:4] != GGUF_MAGIC:
         raise ModelLoadError(f"{p}: not a GGUF file (no 'GGUF' magic at the start)")
+    if len(head) < 8:
+        raise ModelLoadError(f"{p}: truncated GGUF ({len(head)} bytes, the header alone needs 24)")
     return p
 
 
@@ -226,17 +230,26 @@ class Model:
     def _load_failure_reason(self, sink: _LogSink) -> str:
         # llama.cpp explains a NULL model only in its log; keep the most specific line
         generic = ("failed to load model", "error loading model: llama_model_loader")
-        errs = [e for e in sink.errors() if not any(g in e for g in generic)]
+        # metadata dumps ("print_info: rope_finetuned = unknown") match the error keywords
+        # but explain nothing
+        noise = ("print_info:", "llama_model_loader: - ")
+        errs = [e for e in sink.errors() if not any(g in e for g in generic) and not e.startswith(noise)]
+        # llama.cpp's own verdict first
+        errs.sort(key=lambda e: "error loading model" not in e)
         size = self.path.stat().st_size
         text = " ".join(errs).lower()
 
         def strip_prefix(line: str) -> str:
+            line = line.strip()
             while True:
+                if line.startswith("error loading model: "):
+                    line = line.removeprefix("error loading model: ")
+                    continue
                 head, sep, rest = line.partition(": ")
-                if sep and head.replace("_", "").replace(" ", "").isalnum() and " " not in head.strip():
+                if sep and head and head.replace("_", "").isalnum():
                     line = rest
                 else:
-                    return line.strip().removeprefix("error loading model: ")
+                    return line.strip()
 
         if "unknown model architecture" in text:
             arch = next(e for e in errs if "unknown model architecture" in e.lower())
@@ -245,6 +258,16 @@ class Model:
         if "not within the file bounds" in text:
             line = next(e for e in errs if "not within the file bounds" in e)
             return f"{self.path}: truncated or corrupt GGUF ({size:,} bytes): {strip_prefix(line)}"
+        # The GGUF parser states the precise header problem (a newer GGUF version, an
+        # absurd tensor count...) on a line before its generic "failed to read header";
+        # that line carries none of the error keywords, so take the parser's lines as is.
+        with sink._lock:
+            tail = list(sink.tail)
+        parser = list(dict.fromkeys(strip_prefix(ln) for ln in tail if ln.startswith("gguf_")))
+        if parser:
+            specific = [ln for ln in parser if not ln.startswith("failed to read")]
+            hint = "" if specific else "; truncated or corrupt?"
+            return f"{self.path}: not a loadable GGUF ({size:,} bytes{hint}): {'; '.join(parser[-3:])}"
         if errs:
             return f"{self.path}: not a loadable GGUF ({size:,} bytes; truncated or corrupt?): {strip_prefix(errs[0])}"
         return f"{self.path}: llama.cpp could not load it (corrupt GGUF?); rerun with --verbose for its log"

@@ -1,5 +1,225 @@
-"""Placeholder: commands land here."""
+"""`easd-local calibrate`: entropy statistics of a pair on a calibration set, and (with
+--percentile) the pair's EASD thresholds written to a profile that chat/generate/bench use."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .. import calibrate as cal
+from .. import profiles
+from ..config import DecodeConfig
+from ..errors import ConfigError
+from ..pair import open_models
+from ..resolve import resolve_pair
+from . import options as o
+from .common import console, err_console, friendly
+from .pull_ui import confirm_download, pull_progress
+
+_BLOCKS = " ▏▎▍▌▋▊▉█"
 
 
-def register(app, models_app) -> None:
-    pass
+def _bar(frac: float, width: int) -> str:
+    """A bar of ``frac`` (0..1) of ``width`` cells, in eighths."""
+    eighths = int(round(max(0.0, min(1.0, frac)) * width * 8))
+    full, rest = divmod(eighths, 8)
+    return "█" * full + (_BLOCKS[rest] if rest else "")
+
+
+def _percentile_table(s: dict, tau_overlap: float) -> Table:
+    t = Table(title=f"entropy (nats) over {s['positions']:,} positions, {s['questions']} questions")
+    t.add_column("percentile", justify="right")
+    t.add_column("H_draft", justify="right")
+    t.add_column("H_target", justify="right")
+    t.add_column("gate open¹", justify="right")
+    t.add_column("… where SD accepts²", justify="right")
+    for r in s["percentiles"]:
+        t.add_row(f"p{r['percentile']:g}", f"{r['h_draft']:.3f}", f"{r['h_target']:.3f}",
+                  f"{100 * r['gate_open']:.1f}%", f"{100 * r['gate_open_accepted']:.1f}%")
+    t.add_row("mean", f"{s['mean']['h_draft']:.3f}", f"{s['mean']['h_target']:.3f}", "", "", style="dim")
+    t.add_row("max", f"{s['max']['h_draft']:.3f}", f"{s['max']['h_target']:.3f}", "", "", style="dim")
+    t.caption = (f"¹ share of positions with H_d ≥ τd, H_t ≥ τt (both at that percentile) and overlap ≥ {tau_overlap:g}\n"
+                 f"² the same among the {100 * s['agree']:.0f}% of positions where the draft's greedy token is the "
+                 "target's (greedy SD accepts it: where EASD would fire)")
+    return t
+
+
+def _overlap_table(s: dict) -> Table:
+    t = Table(title=f"top-{s['top_n']} overlap of draft and target")
+    t.add_column("overlap", justify="right")
+    t.add_column("positions", justify="right")
+    t.add_column("share", justify="right")
+    t.add_column("", no_wrap=True)
+    top = max((r["share"] for r in s["overlap"]), default=1.0) or 1.0
+    n = s["top_n"]
+    for r in s["overlap"]:
+        k = int(round(r["overlap"] * n))
+        t.add_row(f"{k}/{n}", f"{r['count']:,}", f"{100 * r['share']:.1f}%",
+                  f"[magenta]{_bar(r['share'] / top, 30)}[/]")
+    return t
+
+
+def _histogram_table(trace: cal.Trace, bins: int = 12) -> Table:
+    edges, cd, ct = cal.histogram(trace.h_draft, trace.h_target, bins=bins)
+    top = math.sqrt(max(int(cd.max()), int(ct.max()), 1))
+    t = Table(title="entropy histogram (bar length ∝ √count)")
+    t.add_column("H (nats)", justify="right", no_wrap=True)
+    t.add_column("draft", justify="right", min_width=6)
+    t.add_column("", no_wrap=True)
+    t.add_column("target", justify="right", min_width=6)
+    t.add_column("", no_wrap=True)
+    for i in range(len(cd)):
+        t.add_row(f"{edges[i]:.2f}–{edges[i + 1]:.2f}",
+                  f"{int(cd[i]):,}", f"[blue]{_bar(math.sqrt(cd[i]) / top, 24)}[/]",
+                  f"{int(ct[i]):,}", f"[yellow]{_bar(math.sqrt(ct[i]) / top, 24)}[/]")
+    return t
+
+
+def _command(pair, draft, target, dataset, question_key, limit, max_tokens, top_n, percentile, allow_test) -> str:
+    parts = ["easd-local", "calibrate"]
+    if draft is not None or target is not None:
+        if draft is not None:
+            parts += ["--draft", str(draft)]
+        if target is not None:
+            parts += ["--target", str(target)]
+    else:
+        parts += ["--pair", pair or "default"]
+    parts += ["--dataset", dataset]
+    if question_key:
+        parts += ["--question-key", question_key]
+    parts += ["--limit", str(limit), "--max-tokens", str(max_tokens), "--top-n", str(top_n)]
+    if allow_test:
+        parts.append("--allow-test-split")
+    if percentile is not None:
+        parts += ["--percentile", f"{percentile:g}"]
+    return shlex.join(parts)
+
+
+def register(app: typer.Typer, models_app: typer.Typer) -> None:
+    @app.command("calibrate")
+    @friendly
+    def calibrate(
+        draft: o.DraftOpt = None,
+        target: o.TargetOpt = None,
+        pair: o.PairOpt = None,
+        yes: o.YesOpt = False,
+        dataset: Annotated[str, typer.Option(
+            "--dataset", help="Calibration questions: a bundled preset or a JSONL file (default: gsm8k-train).")
+        ] = cal.DEFAULT_DATASET,
+        question_key: Annotated[Optional[str], typer.Option(
+            "--question-key", help="JSON field holding the question (JSONL files; default 'question').")] = None,
+        limit: Annotated[int, typer.Option("--limit", help="Number of questions (the first N).")] = cal.DEFAULT_LIMIT,
+        max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens generated per question.")] = cal.DEFAULT_MAX_TOKENS,
+        top_n: o.TopNOpt = None,
+        overlap: o.OverlapOpt = None,
+        percentile: Annotated[Optional[float], typer.Option(
+            "--percentile", help="Write tau_draft/tau_target at this percentile (0-100) into the pair's profile.")] = None,
+        png: Annotated[Optional[Path], typer.Option("--png", help="Also save the histograms as a PNG (needs matplotlib).")] = None,
+        trace: Annotated[Optional[Path], typer.Option("--trace", help="Write every position's figures (JSONL).")] = None,
+        allow_test_split: Annotated[bool, typer.Option(
+            "--allow-test-split", help="Allow a test-split preset (its scores are then biased by the calibration).")] = False,
+        system: Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+        ctx: o.CtxOpt = 4096,
+        threads: o.ThreadsOpt = None,
+        n_gpu_layers: o.NglOpt = -1,
+        n_gpu_layers_draft: o.NglDraftOpt = None,
+        flash_attn: o.FlashOpt = False,
+        main_gpu: o.MainGpuOpt = 0,
+        verbose: o.VerboseOpt = False,
+    ) -> None:
+        """Measure both models' entropies on a calibration set (target greedy) and optionally write the pair's EASD thresholds."""
+        base = DecodeConfig()
+        top_n_ = base.top_n if top_n is None else top_n
+        tau_o = base.overlap if overlap is None else overlap
+        # every value is checked before any model loads
+        base.replace(top_n=top_n_, overlap=tau_o, max_tokens=max_tokens)
+        if percentile is not None and not (0.0 <= percentile <= 100.0):
+            raise ConfigError(f"--percentile must be in [0, 100], got {percentile:g}")
+        if png is not None:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise ConfigError(
+                    "--png needs matplotlib, which is not installed: pip install 'easd-local[plot]' (or matplotlib)"
+                ) from None
+        name, questions = cal.load_questions(dataset, question_key, limit, allow_test_split)
+        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+        spec = resolve_pair(pair, draft, target, mode="sd", confirm=confirm_download(yes), progress=pull_progress())
+        with open_models(spec.draft, spec.target, topts, dopts) as models:
+            base.replace(top_n=top_n_, overlap=tau_o).validate(models.n_vocab)
+            sys_msg = [{"role": "system", "content": system}] if system else []
+            prompts = [models.target.chat_tokens(sys_msg + [{"role": "user", "content": q}]) for q in questions]
+            with Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[pos]}"),
+                          TimeElapsedColumn(), console=err_console, transient=True,
+                          disable=json_out or not err_console.is_terminal) as prog:
+                task = prog.add_task("q", total=len(prompts), pos="")
+
+                def on_progress(done: int, total: int, positions: int) -> None:
+                    prog.update(task, completed=done, pos=f"{positions:,} positions")
+
+                tr = cal.collect(models.draft, models.target, prompts, max_tokens=max_tokens, top_n=top_n_,
+                                 n_vocab=models.n_vocab, progress=on_progress)
+        if tr.positions == 0:
+            raise ConfigError("no positions were generated (every question ended at once); nothing to calibrate")
+        s = cal.summary(tr, tau_o)
+        s.update(pair=spec.label, dataset=name, max_tokens=max_tokens,
+                 seconds_target=tr.seconds_target, seconds_draft=tr.seconds_draft)
+        cmd = _command(pair, draft, target, dataset, question_key, limit, max_tokens, top_n_, percentile,
+                       allow_test_split)
+        written = None
+        if percentile is not None:
+            tau_d, tau_t = cal.thresholds_at(tr, percentile)
+            entry = spec.entry
+            did = profiles.file_id(spec.draft, entry.draft if entry is not None else None)
+            tid = profiles.file_id(spec.target, entry.target if entry is not None else None)
+            path = profiles.write_profile(
+                did, tid, round(tau_d, 4), round(tau_t, 4), percentile=percentile,
+                positions=tr.positions, questions=tr.n_questions, dataset=name, max_tokens=max_tokens,
+                top_n=top_n_, pair=spec.label, command=cmd,
+                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                seconds=round(tr.seconds, 1),
+                percentiles={f"p{r['percentile']:g}": {"h_draft": round(r["h_draft"], 4),
+                                                        "h_target": round(r["h_target"], 4)}
+                             for r in s["percentiles"]},
+            )
+            written = {"path": str(path), "tau_draft": round(tau_d, 4), "tau_target": round(tau_t, 4),
+                       "percentile": percentile}
+        s["profile"] = written
+        s["command"] = cmd
+        if trace is not None:
+            cal.write_trace(trace, tr)
+        png_path = None
+        if png is not None:
+            png_path = cal.plot_png(tr, png, (written["tau_draft"], written["tau_target"]) if written else None,
+                                    title=f"{spec.label}: entropy over {tr.positions:,} positions ({name})")
+        if json_out:
+            sys.stdout.write(json.dumps(s) + "\n")
+            return
+        console.print(f"[bold]{spec.label}[/] · {name}: {tr.n_questions} questions, {tr.positions:,} positions, "
+                      f"greedy target, max {max_tokens} tokens · {tr.seconds:.0f} s "
+                      f"(target {tr.seconds_target:.0f} s, draft {tr.seconds_draft:.0f} s)")
+        console.print(_percentile_table(s, tau_o))
+        console.print(_overlap_table(s))
+        console.print(_histogram_table(tr))
+        if trace is not None:
+            console.print(f"trace: {trace}")
+        if png_path is not None:
+            console.print(f"histogram: {png_path}")
+        if written:
+            console.print(
+                f"wrote profile {written['path']}: τd={written['tau_draft']:g} τt={written['tau_target']:g} "
+                f"(p{percentile:g} over {tr.positions:,} positions). chat, generate and bench now use it for this "
+                "pair; --tau-draft/--tau-target still override it."
+            )
+        else:
+            console.print("no profile written (give --percentile P to write the thresholds at percentile P)", style="dim")

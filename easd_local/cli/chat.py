@@ -1,5 +1,225 @@
-"""Placeholder: commands land here."""
+"""`easd-local chat`: an interactive multi-turn chat, streamed, with slash commands.
+
+Only parsing, the input loop and rendering live here; the session itself (history,
+context trimming, commands, transcript) is ``easd_local.chat.ChatSession``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter
+from ..config import DecodeConfig
+from ..errors import EasdError
+from ..pair import open_models
+from ..resolve import resolve_config, resolve_pair
+from . import options as o
+from .common import console, err_console, friendly
+from .pull_ui import confirm_download, pull_progress
+from .render import LEGEND, ORIGIN_STYLE, status_line
 
 
-def register(app, models_app) -> None:
-    pass
+class _Input:
+    """Reads one message: ``input('>>> ')`` on a terminal, plain lines from a pipe.
+    A line ending in a backslash continues on the next line. EOF -> None."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdin.isatty()
+        if self.tty:
+            try:
+                import readline  # noqa: F401  (line editing and history for input())
+            except ImportError:  # pragma: no cover - not on every platform
+                pass
+
+    def _line(self, prompt: str) -> str | None:
+        if self.tty:
+            try:
+                return input(prompt)
+            except EOFError:
+                return None
+        line = sys.stdin.readline()
+        if not line:
+            return None
+        return line.rstrip("\r\n")
+
+    def read(self) -> str | None:
+        lines: list[str] = []
+        prompt = ">>> "
+        while True:
+            line = self._line(prompt)
+            if line is None:
+                # EOF in the middle of a continued message still sends what was typed
+                return "\n".join(lines) if lines else None
+            if line.endswith("\\"):
+                lines.append(line[:-1])
+                prompt = "... "
+                continue
+            lines.append(line)
+            return "\n".join(lines)
+
+
+class _Writer:
+    """Streams reply text: coloured by origin through rich on a terminal with
+    --show-origin, plain writes otherwise (and always when stdout is piped)."""
+
+    def __init__(self, show_origin: bool) -> None:
+        self.tty = sys.stdout.isatty()
+        self.colour = show_origin and self.tty and console.is_terminal
+        self.at_line_start = True
+
+    def token(self, text: str, origin: str) -> None:
+        if not text:
+            return
+        if self.colour:
+            console.print(Text(text, style=ORIGIN_STYLE.get(origin, "")), end="", soft_wrap=True)
+        else:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        self.at_line_start = text.endswith("\n")
+
+    def end_reply(self) -> None:
+        if not self.at_line_start:
+            sys.stdout.write("\n")
+        sys.stdout.flush()
+        self.at_line_start = True
+
+
+def _note(text: str, style: str = "dim") -> None:
+    err_console.print(Text(text, style=style))
+
+
+def _run_turn(session: ChatSession, text: str, writer: _Writer) -> None:
+    try:
+        stream = session.send(text)
+    except EasdError as e:
+        _note(str(e), "yellow")
+        return
+    reply: Reply | None = None
+    try:
+        for ev in stream:
+            if isinstance(ev, Notice):
+                _note(ev.text, "yellow")
+            elif isinstance(ev, Reply):
+                reply = ev
+            else:
+                writer.token(ev.text, ev.origin)
+    except KeyboardInterrupt:
+        # Ctrl-C landed while we were rendering: the session keeps the partial reply
+        reply = session.interrupt()
+        stream.close()
+    except EasdError as e:
+        writer.end_reply()
+        _note(f"error: {e}", "red")
+        return
+    if reply is not None and reply.tail:
+        writer.token(reply.tail, "")
+    writer.end_reply()
+    if reply is None:
+        return
+    if reply.interrupted:
+        _note(f"[interrupted after {reply.n_tokens} tokens; the partial reply is kept in the history]", "yellow")
+    elif reply.stats is not None:
+        _note(status_line(reply.stats))
+
+
+def _loop(session: ChatSession, show_origin: bool) -> None:
+    reader = _Input()
+    writer = _Writer(show_origin)
+    while True:
+        try:
+            text = reader.read()
+        except KeyboardInterrupt:
+            if reader.tty:
+                sys.stdout.write("\n")
+            return
+        if text is None:
+            if reader.tty:
+                sys.stdout.write("\n")
+            return
+        if not text.strip():
+            continue
+        if text.lstrip().startswith("/"):
+            res = session.command(text.strip())
+            if res.quit:
+                return
+            if res.message:
+                _note(res.message, "dim" if res.ok else "yellow")
+            continue
+        try:
+            _run_turn(session, text, writer)
+        except KeyboardInterrupt:
+            # a Ctrl-C outside the token loop (e.g. while printing the status line)
+            session.interrupt()
+            writer.end_reply()
+
+
+def register(app: typer.Typer, models_app: typer.Typer) -> None:
+    @app.command("chat")
+    @friendly
+    def chat(
+        draft: o.DraftOpt = None,
+        target: o.TargetOpt = None,
+        pair: o.PairOpt = None,
+        yes: o.YesOpt = False,
+        mode: o.ModeOpt = None,
+        max_tokens: o.MaxTokOpt = None,
+        temperature: o.TempOpt = None,
+        top_k: o.TopKOpt = None,
+        top_p: o.TopPOpt = None,
+        seed: o.SeedOpt = None,
+        gamma: o.GammaOpt = None,
+        draft_p_min: o.PMinOpt = None,
+        top_n: o.TopNOpt = None,
+        overlap: o.OverlapOpt = None,
+        tau_draft: o.TauDOpt = None,
+        tau_target: o.TauTOpt = None,
+        penalty: o.PenaltyOpt = None,
+        system: Annotated[Optional[str], typer.Option("--system", help="System message.")] = None,
+        show_origin: Annotated[bool, typer.Option("--show-origin", help="Colour each token by where it came from.")] = False,
+        ctx: o.CtxOpt = 4096,
+        threads: o.ThreadsOpt = None,
+        n_gpu_layers: o.NglOpt = -1,
+        n_gpu_layers_draft: o.NglDraftOpt = None,
+        flash_attn: o.FlashOpt = False,
+        main_gpu: o.MainGpuOpt = 0,
+        verbose: o.VerboseOpt = False,
+    ) -> None:
+        """Chat with a draft/target pair using EASD (or sd / target / draft / easd-tf).
+
+        Chat samples by default: temperature 0.7, top-k 40, top-p 0.95, at most 1024 tokens
+        per reply (the flags override these). Each turn re-renders the history with the
+        target's chat template; only the new tokens are evaluated. Commands: /mode, /set
+        KEY VALUE, /stats, /system, /reset, /save [PATH], /help, /quit. Ctrl-C stops a
+        reply; Ctrl-C or Ctrl-D at the prompt leaves. Every session is logged as JSONL in
+        the transcripts folder.
+        """
+        flags = dict(
+            mode=mode, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+            gamma=gamma, draft_p_min=draft_p_min, top_n=top_n, overlap=overlap, tau_draft=tau_draft,
+            tau_target=tau_target, penalty=penalty,
+        )
+        # every value is checked before any model loads
+        CHAT_DEFAULTS.replace(**{k: v for k, v in flags.items() if v is not None})
+        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+        mode_ = mode or DecodeConfig.mode
+        spec = resolve_pair(pair, draft, target, mode=mode_, confirm=confirm_download(yes), progress=pull_progress())
+        cfg, source = resolve_config(CHAT_DEFAULTS, spec, flags)
+        # load every model that was given, so that /mode can switch between them
+        models = open_models(spec.draft, spec.target, topts, dopts)
+        with models:
+            session = ChatSession(
+                models.target, models.draft, cfg, n_vocab=models.n_vocab, system=system,
+                thresholds_source=source, transcript=TranscriptWriter.new(), label=spec.label,
+            )
+            try:
+                _note(f"easd-local chat · {spec.label} · mode {cfg.mode} · context {session.n_ctx} tokens · "
+                      "/help for commands, Ctrl-D to leave")
+                if show_origin and sys.stdout.isatty():
+                    err_console.print(LEGEND)
+                _loop(session, show_origin)
+            finally:
+                session.close()

@@ -1,0 +1,369 @@
+"""Read a results file and summarise it per (dataset, pair) and method.
+
+No printing here: :func:`render_rich` returns tables for the caller to print,
+:func:`render_markdown` returns text and :func:`plot` writes an image file.
+
+Definitions (all aggregates are ratios of sums over a method's rows, not means of
+per-row ratios):
+
+- accuracy = correct / n, with a Wilson 95% interval;
+- tokens/s = Σ generated tokens / Σ ``seconds_total`` (wall time of the whole generation);
+- acceptance rate = Σ ``draft_accepted`` / Σ ``drafted``;
+- mean accepted length (tokens per verify) = Σ(``draft_accepted`` + ``sd_rejections`` +
+  ``easd_fires`` + ``bonus``) / Σ ``target_calls``;
+- EASD fires per 100 tokens = 100 · Σ ``easd_fires`` / Σ ``tokens``;
+- time shares = Σ ``seconds_draft`` | ``seconds_target`` | ``seconds_controller`` / Σ ``seconds_total``.
+
+The speculative figures are reported only for methods that drafted (Σ ``drafted`` > 0).
+Each method is compared with ``sd`` and with ``target`` on the qids both have: wins
+(method right, baseline wrong), losses (the reverse) and the exact McNemar p-value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import ConfigError
+from .schema import validate_row
+from .stats import mcnemar_exact, wilson_interval
+
+BASELINES = ("sd", "target")
+_MODE_ORDER = ("target", "draft", "sd", "easd", "easd-tf")
+
+TOKENS_PER_S_NOTE = "tok/s = total generated tokens / total wall seconds (seconds_total) per method"
+
+
+class Results(list):
+    """The rows of a results file (a plain list) plus what loading skipped.
+
+    ``torn_lines`` is 1 when the last line was cut off mid-write (a crash) and skipped.
+    """
+
+    def __init__(self, rows: Iterable[dict] = (), *, path: str = "", torn_lines: int = 0) -> None:
+        super().__init__(rows)
+        self.path = path
+        self.torn_lines = torn_lines
+
+
+def load_results(path: str | Path) -> Results:
+    """Load and validate a JSON-lines results file.
+
+    A last line that is not valid JSON (the runner died mid-write) is skipped and counted
+    in ``.torn_lines``; any other bad line raises ConfigError naming its line number.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        what = "is a directory" if p.is_dir() else "not found"
+        raise ConfigError(f"results file {str(p)!r} {what}")
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"cannot read results file {str(p)!r}: {exc.strerror or exc}") from None
+    numbered = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    rows: list[dict] = []
+    torn = 0
+    for pos, (lineno, line) in enumerate(numbered):
+        where = f"{p.name} line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if pos == len(numbered) - 1:
+                torn += 1  # cut off mid-write: the run can be resumed, the row is lost
+                continue
+            raise ConfigError(f"{where} is not valid JSON ({exc.msg}); the file is corrupt") from None
+        rows.append(validate_row(row, where))
+    return Results(rows, path=str(p), torn_lines=torn)
+
+
+# ----------------------------------------------------------------------- summaries
+
+
+@dataclass
+class PairedComparison:
+    baseline: str
+    n: int  # qids both the method and the baseline answered
+    wins: int  # method right, baseline wrong
+    losses: int  # method wrong, baseline right
+    both_right: int
+    both_wrong: int
+    p_value: float  # exact McNemar on (wins, losses)
+    accuracy: float  # the method's accuracy on these n qids
+    baseline_accuracy: float
+
+
+@dataclass
+class MethodSummary:
+    method: str
+    n: int
+    correct: int
+    accuracy: float
+    ci_low: float  # Wilson 95%
+    ci_high: float
+    tokens: int  # Σ generated tokens
+    seconds: float  # Σ seconds_total
+    tokens_per_s: float | None  # Σ tokens / Σ seconds_total
+    mean_tokens: float
+    speculative: bool  # Σ drafted > 0
+    acceptance_rate: float | None  # Σ draft_accepted / Σ drafted
+    mean_accepted_len: float | None  # tokens per target verify call
+    easd_fires_per_100: float | None  # per 100 generated tokens
+    share_draft: float | None  # fractions of Σ seconds_total
+    share_target: float | None
+    share_controller: float | None
+    stop_reasons: dict[str, int] = field(default_factory=dict)
+    vs_sd: PairedComparison | None = None
+    vs_target: PairedComparison | None = None
+
+
+@dataclass
+class GroupSummary:
+    dataset: str
+    pair: str
+    questions: int  # distinct qids in this group
+    methods: list[MethodSummary]
+    duplicates: int = 0  # rows superseded by a later row for the same (method, qid)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _method_key(method: str, first_seen: int) -> tuple[int, int]:
+    base = method.split("[", 1)[0].strip()
+    rank = _MODE_ORDER.index(base) if base in _MODE_ORDER else len(_MODE_ORDER)
+    return rank, first_seen
+
+
+def _paired(mine: dict[str, bool], theirs: dict[str, bool], baseline: str) -> PairedComparison:
+    common = [q for q in mine if q in theirs]
+    wins = sum(1 for q in common if mine[q] and not theirs[q])
+    losses = sum(1 for q in common if theirs[q] and not mine[q])
+    both_right = sum(1 for q in common if mine[q] and theirs[q])
+    n = len(common)
+    return PairedComparison(
+        baseline=baseline,
+        n=n,
+        wins=wins,
+        losses=losses,
+        both_right=both_right,
+        both_wrong=n - wins - losses - both_right,
+        p_value=mcnemar_exact(wins, losses),
+        accuracy=(wins + both_right) / n if n else 0.0,
+        baseline_accuracy=(losses + both_right) / n if n else 0.0,
+    )
+
+
+def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
+    n = len(rows)
+    correct = sum(1 for r in rows if r["correct"])
+    lo, hi = wilson_interval(correct, n)
+
+    def total(key: str) -> float:
+        return sum(r["stats"][key] for r in rows)
+
+    tokens = int(total("tokens"))
+    seconds = float(total("seconds_total"))
+    drafted = total("drafted")
+    speculative = drafted > 0
+    committed = total("draft_accepted") + total("sd_rejections") + total("easd_fires") + total("bonus")
+    return MethodSummary(
+        method=method,
+        n=n,
+        correct=correct,
+        accuracy=correct / n if n else 0.0,
+        ci_low=lo,
+        ci_high=hi,
+        tokens=tokens,
+        seconds=seconds,
+        tokens_per_s=_ratio(tokens, seconds),
+        mean_tokens=tokens / n if n else 0.0,
+        speculative=speculative,
+        acceptance_rate=_ratio(total("draft_accepted"), drafted) if speculative else None,
+        mean_accepted_len=_ratio(committed, total("target_calls")) if speculative else None,
+        easd_fires_per_100=(_ratio(100.0 * total("easd_fires"), tokens) if speculative else None),
+        share_draft=_ratio(total("seconds_draft"), seconds),
+        share_target=_ratio(total("seconds_target"), seconds),
+        share_controller=_ratio(total("seconds_controller"), seconds),
+        stop_reasons=dict(Counter(r["stats"]["stop_reason"] or "?" for r in rows)),
+    )
+
+
+def summarize(rows: Iterable[dict]) -> list[GroupSummary]:
+    """One GroupSummary per (dataset, pair), in order of first appearance; methods in
+    mode order (target, draft, sd, easd, easd-tf, then others as first seen). When a
+    (dataset, pair, method, qid) appears more than once the last row wins."""
+    latest: dict[tuple[str, str, str, str], dict] = {}
+    duplicates: Counter = Counter()
+    method_seen: dict[str, int] = {}
+    for row in rows:
+        key = (row["dataset"], row["pair"], row["method"], row["qid"])
+        if key in latest:
+            duplicates[key[:2]] += 1
+        latest[key] = row
+        method_seen.setdefault(row["method"], len(method_seen))
+
+    groups: dict[tuple[str, str], dict[str, list[dict]]] = {}
+    for (dataset, pair, method, _qid), row in latest.items():
+        groups.setdefault((dataset, pair), {}).setdefault(method, []).append(row)
+
+    out: list[GroupSummary] = []
+    for (dataset, pair), by_method in groups.items():
+        outcome = {m: {r["qid"]: bool(r["correct"]) for r in rs} for m, rs in by_method.items()}
+        methods = []
+        for method in sorted(by_method, key=lambda m: _method_key(m, method_seen[m])):
+            summary = _summarize_method(method, by_method[method])
+            for baseline in BASELINES:
+                if baseline in outcome and baseline != method:
+                    setattr(summary, f"vs_{baseline}",
+                            _paired(outcome[method], outcome[baseline], baseline))
+            methods.append(summary)
+        questions = len({r["qid"] for rs in by_method.values() for r in rs})
+        out.append(GroupSummary(dataset, pair, questions, methods, duplicates[(dataset, pair)]))
+    return out
+
+
+# ------------------------------------------------------------------------ rendering
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _num(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _vs(c: PairedComparison | None) -> str:
+    if c is None:
+        return "—"
+    return f"+{c.wins}/-{c.losses} p={_p(c.p_value)}"
+
+
+def _shares(m: MethodSummary) -> str:
+    if m.share_draft is None:
+        return "—"
+    return f"{100 * m.share_draft:.0f}/{100 * (m.share_target or 0):.0f}/{100 * (m.share_controller or 0):.0f}"
+
+
+_COLUMNS = (
+    "method", "n", "accuracy", "95% CI", "tok/s", "mean tok", "accept",
+    "tok/verify", "fires/100 tok", "time % d/t/c", "vs sd (W/L, p)", "vs target (W/L, p)",
+)
+
+NOTES = (
+    TOKENS_PER_S_NOTE + ". accept = Σ accepted draft tokens / Σ drafted. "
+    "tok/verify = tokens committed per target verify call. fires/100 tok = EASD gate fires "
+    "per 100 generated tokens. time % = share of wall time in draft / target (verify) / "
+    "controller. W/L = questions this method got right and the baseline wrong / the reverse, "
+    "on the questions both ran; p = two-sided exact McNemar."
+)
+
+
+def _cells(m: MethodSummary) -> list[str]:
+    return [
+        m.method,
+        str(m.n),
+        f"{100 * m.accuracy:.1f}% ({m.correct})",
+        f"{100 * m.ci_low:.1f}–{100 * m.ci_high:.1f}",
+        _num(m.tokens_per_s),
+        _num(m.mean_tokens, 0),
+        _pct(m.acceptance_rate),
+        _num(m.mean_accepted_len, 2),
+        _num(m.easd_fires_per_100, 2),
+        _shares(m),
+        _vs(m.vs_sd),
+        _vs(m.vs_target),
+    ]
+
+
+def _title(g: GroupSummary) -> str:
+    extra = f", {g.duplicates} superseded row{'s' if g.duplicates != 1 else ''}" if g.duplicates else ""
+    return f"{g.dataset} · pair {g.pair} · {g.questions} questions{extra}"
+
+
+def render_rich(summaries: list[GroupSummary]) -> list:
+    """One ``rich.table.Table`` per (dataset, pair); the caller prints them."""
+    from rich.table import Table
+    from rich.text import Text
+
+    tables = []
+    for i, g in enumerate(summaries):
+        last = i == len(summaries) - 1  # the notes go under the last table only
+        table = Table(title=Text(_title(g)), caption=Text(NOTES) if last else None,
+                      caption_justify="left")
+        for i, col in enumerate(_COLUMNS):
+            table.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        for m in g.methods:
+            table.add_row(*(Text(c) for c in _cells(m)))  # Text: "easd[...]" is not markup
+        tables.append(table)
+    return tables
+
+
+def render_markdown(summaries: list[GroupSummary]) -> str:
+    """The summaries as Markdown: a heading and a table per (dataset, pair), then notes."""
+    parts: list[str] = []
+    for g in summaries:
+        parts.append(f"### {_title(g)}\n")
+        parts.append("| " + " | ".join(_COLUMNS) + " |")
+        parts.append("|" + "|".join(["---"] + ["---:"] * (len(_COLUMNS) - 1)) + "|")
+        for m in g.methods:
+            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(m)) + " |")
+        parts.append("")
+    if summaries:
+        parts.append(f"_{NOTES}_")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def plot(summaries: list[GroupSummary], path: str | Path) -> Path:
+    """Accuracy (with Wilson 95% bars) against tokens/s, one panel per dataset, one point
+    per (method, pair). Needs matplotlib (the ``plot`` extra). Returns the written path."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ConfigError("plotting needs matplotlib: pip install 'easd-local[plot]'") from None
+    if not summaries:
+        raise ConfigError("nothing to plot: the results hold no rows")
+    out = Path(path).expanduser()
+    datasets = list(dict.fromkeys(g.dataset for g in summaries))
+    pairs = list(dict.fromkeys(g.pair for g in summaries))
+    methods = list(dict.fromkeys(m.method for g in summaries for m in g.methods))
+    markers = "osD^vP*Xh<>"
+    fig = Figure(figsize=(6.0 * len(datasets), 4.5), constrained_layout=True)
+    axes = fig.subplots(1, len(datasets), squeeze=False)[0]
+    colours = [f"C{i % 10}" for i in range(len(methods))]
+    for ax, dataset in zip(axes, datasets):
+        for g in (g for g in summaries if g.dataset == dataset):
+            marker = markers[pairs.index(g.pair) % len(markers)]
+            for m in g.methods:
+                if m.tokens_per_s is None:
+                    continue
+                colour = colours[methods.index(m.method)]
+                label = m.method if len(pairs) == 1 else f"{m.method} · {g.pair}"
+                ax.errorbar(
+                    m.tokens_per_s, 100 * m.accuracy,
+                    yerr=[[100 * (m.accuracy - m.ci_low)], [100 * (m.ci_high - m.accuracy)]],
+                    fmt=marker, color=colour, capsize=3, label=label,
+                )
+        ax.set_title(dataset)
+        ax.set_xlabel("tokens/s (total tokens / total seconds)")
+        ax.set_ylabel("accuracy % (Wilson 95%)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    try:
+        fig.savefig(out)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot write plot {str(out)!r}: {exc}") from None
+    return out

@@ -1,0 +1,135 @@
+#!/usr/bin/env python
+"""Tokens/s per decoding mode, the controller's share of wall time, and target-first EASD's
+speed relative to target-only decoding, on GSM8K questions through the chat template.
+
+    python scripts/bench_modes.py                       # tiny random-weight pair (generated)
+    python scripts/bench_modes.py --draft D.gguf --target T.gguf --n-prompts 10 --max-tokens 128
+
+Modes are interleaved per question (target, sd, easd, easd-tf, then the next question) so
+that drift in machine load hits every mode alike. Greedy. Figures are printed, never
+asserted: speed targets live here, not in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from easd_local import decoding  # noqa: E402
+from easd_local.bench.datasets import load_dataset  # noqa: E402
+from easd_local.bench.prompt import build_messages  # noqa: E402
+from easd_local.config import DecodeConfig  # noqa: E402
+from easd_local.pair import load_pair  # noqa: E402
+from easd_local.runtime import LoadOptions  # noqa: E402
+
+
+def tiny_pair() -> tuple[Path, Path]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_tiny_pair", Path(__file__).with_name("make_tiny_pair.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    paths = mod.write_tiny_models(Path(tempfile.mkdtemp(prefix="easd-tiny-")))
+    return paths["draft"], paths["target"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--draft", type=Path)
+    ap.add_argument("--target", type=Path)
+    ap.add_argument("--modes", default="target,sd,easd,easd-tf")
+    ap.add_argument("--n-prompts", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--tau-draft", type=float, default=None)
+    ap.add_argument("--tau-target", type=float, default=None)
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    a = ap.parse_args()
+
+    draft, target = (a.draft, a.target) if a.draft and a.target else tiny_pair()
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    base = DecodeConfig(max_tokens=a.max_tokens, gamma=a.gamma)
+    if a.tau_draft is not None:
+        base = base.replace(tau_draft=a.tau_draft)
+    if a.tau_target is not None:
+        base = base.replace(tau_target=a.tau_target)
+    t0 = time.perf_counter()
+    pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads))
+    load_s = time.perf_counter() - t0
+    problems = load_dataset("gsm8k", limit=a.n_prompts)
+    agg = {m: dict(tokens=0, gen_s=0.0, total_s=0.0, ctrl_s=0.0, draft_s=0.0, target_s=0.0, drafted=0,
+                   draft_accepted=0, fires=0, consults=0, target_calls=0, catchup_tokens=0) for m in modes}
+    per_prompt = {m: [] for m in modes}
+    for prob in problems:
+        prompt = pair.target.chat_tokens(build_messages(prob.question))
+        for m in modes:
+            # a fresh cache for each run: every mode pays for its own prompt
+            pair.target.reset()
+            pair.draft.reset()
+            fin, _ = decoding.run(pair.target, pair.draft, prompt, base.replace(mode=m), n_vocab=pair.n_vocab)
+            s = fin.stats
+            g = agg[m]
+            g["tokens"] += s.tokens
+            g["gen_s"] += s.seconds_total - s.seconds_prompt
+            g["total_s"] += s.seconds_total
+            g["ctrl_s"] += s.seconds_controller
+            g["draft_s"] += s.seconds_draft
+            g["target_s"] += s.seconds_target
+            g["drafted"] += s.drafted
+            g["draft_accepted"] += s.draft_accepted
+            g["fires"] += s.easd_fires
+            g["consults"] += s.draft_consults
+            g["target_calls"] += s.target_calls
+            g["catchup_tokens"] += s.catchup_tokens
+            per_prompt[m].append(s.tokens_per_s)
+    rows = {}
+    for m, g in agg.items():
+        tps = g["tokens"] / g["gen_s"] if g["gen_s"] else 0.0
+        rows[m] = dict(
+            tokens=g["tokens"], tokens_per_s=round(tps, 2),
+            controller_share=round(g["ctrl_s"] / g["total_s"], 4) if g["total_s"] else 0.0,
+            acceptance=round(g["draft_accepted"] / g["drafted"], 3) if g["drafted"] else None,
+            easd_fires_per_100=round(100 * g["fires"] / g["tokens"], 2) if g["tokens"] else 0.0,
+            draft_consult_rate=round(g["consults"] / g["tokens"], 3) if m == "easd-tf" and g["tokens"] else None,
+            catchup_tokens_per_consult=round(g["catchup_tokens"] / g["consults"], 2) if g["consults"] else None,
+            tokens_per_verify=round(g["tokens"] / g["target_calls"], 2) if g["target_calls"] and m in ("sd", "easd") else None,
+        )
+    ratios = {}
+    if "target" in rows and rows["target"]["tokens_per_s"]:
+        for m in rows:
+            if m != "target":
+                ratios[f"{m}/target"] = round(rows[m]["tokens_per_s"] / rows["target"]["tokens_per_s"], 3)
+    if "sd" in rows and "easd" in rows and rows["sd"]["tokens_per_s"]:
+        ratios["easd/sd"] = round(rows["easd"]["tokens_per_s"] / rows["sd"]["tokens_per_s"], 3)
+    out = dict(draft=str(draft), target=str(target), n_prompts=len(problems), max_tokens=a.max_tokens,
+               gamma=a.gamma, threads=a.threads or os.cpu_count(), load_s=round(load_s, 2),
+               tau_draft=base.tau_draft, tau_target=base.tau_target, modes=rows, ratios=ratios,
+               loadavg=os.getloadavg()[0])
+    if a.json:
+        print(json.dumps(out))
+        return 0
+    print(f"pair: {Path(draft).name} -> {Path(target).name}; {len(problems)} GSM8K questions, greedy, "
+          f"max {a.max_tokens} tokens, gamma {a.gamma}, {out['threads']} threads, "
+          f"tau_d={base.tau_draft:g} tau_t={base.tau_target:g}; load avg {out['loadavg']:.2f}")
+    hdr = f"{'mode':8} {'tokens':>7} {'tok/s':>8} {'ctrl%':>6} {'accept':>7} {'fires/100':>9} {'consult':>8} {'tok/verify':>10}"
+    print(hdr)
+    for m, r in rows.items():
+        f = lambda v, fmt: (fmt.format(v) if v is not None else "-")  # noqa: E731
+        print(f"{m:8} {r['tokens']:>7} {r['tokens_per_s']:>8.2f} {100 * r['controller_share']:>5.1f}% "
+              f"{f(r['acceptance'], '{:.3f}'):>7} {r['easd_fires_per_100']:>9.2f} {f(r['draft_consult_rate'], '{:.3f}'):>8} "
+              f"{f(r['tokens_per_verify'], '{:.2f}'):>10}")
+    for k, v in ratios.items():
+        print(f"{k}: {v:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
