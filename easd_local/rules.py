@@ -166,24 +166,37 @@ def _nucleus(pc: np.ndarray, top_p: float, total: np.ndarray) -> np.ndarray:
     return out
 
 
+def _top_p_mask(p: np.ndarray, top_p: float) -> np.ndarray:
+    """Boolean mask (k, C) of the nucleus of each row of the distribution ``p``."""
+    k, C = p.shape
+    total = p.sum(axis=-1, dtype=np.float64)
+    if C > _NUCLEUS_CANDIDATES:
+        # the nucleus is usually a few hundred tokens: look among the largest first
+        rows = np.arange(k)[:, None]
+        cand = np.argpartition(p, C - _NUCLEUS_CANDIDATES, axis=-1)[:, C - _NUCLEUS_CANDIDATES:]
+        pc = p[rows, cand]
+        if np.all(pc.sum(axis=-1, dtype=np.float64) >= top_p * total):
+            mask = np.zeros(p.shape, dtype=bool)
+            mask[rows, cand] = _nucleus(pc, top_p, total) > 0
+            return mask
+    return _nucleus(p, top_p, total) > 0
+
+
 def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.0):
-    """The distribution a token is sampled from, after (in this order):
+    """The distribution a token is sampled from, in llama.cpp's default sampler order:
 
-    1. temperature: ``z / temperature`` (``temperature > 0`` required, else ValueError);
-    2. top-k (``0 < top_k < V``): keep exactly the k largest logits (argpartition's
+    1. top-k (``0 < top_k < V``): keep exactly the k largest logits (argpartition's
        choice among ties at the k-th value);
-    3. softmax;
-    4. top-p (``top_p < 1``): keep the smallest set of most likely tokens whose
-       cumulative probability (under the tempered, top-k-renormalised distribution)
-       reaches ``top_p``, always at least one token; ties at the boundary are broken
-       by sort order;
-    5. renormalise. Masked tokens get exactly 0.
+    2. top-p (``top_p < 1``): keep the smallest set of most likely tokens whose
+       cumulative probability under the *untempered* (T = 1) softmax of the survivors
+       reaches ``top_p``, always at least one token; ties at the boundary are broken by
+       sort order;
+    3. temperature: softmax of ``z / temperature`` over the survivors (``temperature > 0``
+       required, else ValueError). Masked tokens get exactly 0.
 
-    Note: llama.cpp's default sampler chain applies temperature *last*
-    (top-k -> top-p -> temp), i.e. its top-p sees the T = 1 distribution. Here top-p
-    sees the tempered one (as in Hugging Face transformers). Top-k is unaffected by the
-    order; the two differ only when ``top_p < 1`` and ``temperature != 1``. Both p and q
-    in SD/EASD are built with this same function, so the decoding maths is consistent.
+    This is the order of llama.cpp's common sampler chain (top-k -> top-p -> temp), so
+    ``target``/``draft`` modes sample what llama.cpp would. p and q in SD/EASD are both
+    built with this function, so the speculative maths is consistent either way.
 
     Returns float32 for float32 input (float64 for float64 input), shape as ``logits``.
     """
@@ -196,30 +209,21 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
     z, squeeze = _rows(logits)
     k, V = z.shape
     rows = np.arange(k)[:, None]
-    zt = z / z.dtype.type(temperature) if temperature != 1.0 else z  # never written to
+    cand = None
+    zc = z
     if 0 < top_k < V:
-        cand = np.argpartition(zt, V - top_k, axis=-1)[:, V - top_k:]
-        pc = _softmax(zt[rows, cand])
-        if top_p < 1.0:
-            pc = _nucleus(pc, top_p, pc.sum(axis=-1, dtype=np.float64))
-        out = np.zeros_like(zt)
-        out[rows, cand] = pc
+        cand = np.argpartition(z, V - top_k, axis=-1)[:, V - top_k:]
+        zc = z[rows, cand]
+    mask = _top_p_mask(_softmax(zc), top_p) if top_p < 1.0 else None
+    zt = zc / zc.dtype.type(temperature) if temperature != 1.0 else zc  # never written to
+    if mask is not None:
+        zt = np.where(mask, zt, -np.inf).astype(zc.dtype, copy=False)
+    pc = _softmax(zt)
+    if cand is None:
+        out = pc
     else:
-        out = _softmax(zt)
-        if top_p < 1.0:
-            total = out.sum(axis=-1, dtype=np.float64)
-            C = min(V, _NUCLEUS_CANDIDATES)
-            done = False
-            if C < V:
-                cand = np.argpartition(out, V - C, axis=-1)[:, V - C:]
-                pc = out[rows, cand]
-                if np.all(pc.sum(axis=-1, dtype=np.float64) >= top_p * total):
-                    pc = _nucleus(pc, top_p, total)
-                    out.fill(0)
-                    out[rows, cand] = pc
-                    done = True
-            if not done:
-                out = _nucleus(out, top_p, total)
+        out = np.zeros_like(z)
+        out[rows, cand] = pc
     return out[0] if squeeze else out
 
 

@@ -162,9 +162,10 @@ def test_sampling_probs_hand_computed():
     np.testing.assert_array_equal(R.sampling_probs(z, 1.0, top_p=0.01), [0, 0, 0, 1])  # at least one
     # top-k then top-p on the renormalised top-k: [.2,.3,.4]/.9 -> .444, .778 >= .5 -> keep 2
     np.testing.assert_allclose(R.sampling_probs(z, 1.0, top_k=3, top_p=0.5), [0, 0, 3 / 7, 4 / 7], rtol=1e-6)
-    # order: temperature BEFORE top-p. T=0.5 gives [.033,.133,.3,.533]: .533 >= .5 keeps one
-    # token (top-p on the untempered law would have kept two).
-    np.testing.assert_array_equal(R.sampling_probs(z, 0.5, top_p=0.5), [0, 0, 0, 1])
+    # order (llama.cpp's): top-p on the UNtempered law, then temperature. At T=1 the
+    # nucleus for 0.5 is {3, 2} (.4 + .3); T=0.5 then squares and renormalises those two:
+    # [0, 0, 9/25, 16/25]. (Temperature before top-p would have kept token 3 alone.)
+    np.testing.assert_allclose(R.sampling_probs(z, 0.5, top_p=0.5), [0, 0, 9 / 25, 16 / 25], rtol=1e-5)
     # masked entries are exactly zero, rows independent, dtype kept
     zz = np.stack([z, z[::-1]])
     pk = R.sampling_probs(zz, 0.7, top_k=2)
@@ -177,14 +178,16 @@ def test_sampling_probs_hand_computed():
 
 
 def _nucleus_ref(z, T, top_p):
-    p = np.exp((z - z.max()) / T)
+    # nucleus chosen on the T = 1 law (llama.cpp's order), then tempered
+    p = np.exp(z - z.max())
     p /= p.sum()
     order = np.argsort(-p, kind="stable")
     cs = np.cumsum(p[order])
     m = int(np.searchsorted(cs, top_p)) + 1
     keep = np.zeros(p.size, bool)
     keep[order[:m]] = True
-    out = np.where(keep, p, 0.0)
+    pt = np.exp((z - z.max()) / T)
+    out = np.where(keep, pt, 0.0)
     return out / out.sum()
 
 

@@ -7,6 +7,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import EasdError
 
@@ -22,7 +23,7 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except EasdError as e:
-            err_console.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
