@@ -138,13 +138,16 @@ def test_smoke_ours_only_json(tmp_path, tiny_draft, tiny_target):
 
 
 def test_smoke_no_build_skips_native_with_a_note(tmp_path, tiny_draft, tiny_target):
-    r = _run(tmp_path, *_pair_args(tiny_draft, tiny_target), "--no-build", "--build-dir", tmp_path / "empty")
+    r = _run(tmp_path, *_pair_args(tiny_draft, tiny_target), "--no-build", "--build-dir", tmp_path / "empty",
+             "--save", tmp_path / "out.json")
     assert r.returncode == 0, r.stderr
     assert "not built" in r.stderr and "--no-build" in r.stderr
     for text in ("decoding speed", "ours", "target", "sd", "easd", "tok/s", "ratios per (prompt, rep)",
                  "ours easd / ours sd", "not measured", "median"):
         assert text in r.stdout
     assert not (tmp_path / "empty" / "build").exists()
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert set(saved) == {"meta", "summary", "runs"} and len(saved["runs"]) == 6
 
 
 def _built_tools_dir() -> Path | None:

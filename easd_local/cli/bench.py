@@ -1,5 +1,332 @@
-"""Placeholder: commands land here."""
+"""`easd-local bench`: accuracy and speed of decoding methods on reasoning benchmarks.
+
+``easd-local bench [run options]`` runs a benchmark (``bench run`` is the same thing, for
+scripts that prefer an explicit verb); ``easd-local bench report FILE`` summarises a
+results file. The work itself is ``easd_local.bench.runner``; the tables are
+``easd_local.bench.report``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import time
+import typing
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.console import Console
+from rich.text import Text
+
+from ..bench import report as rep
+from ..bench import runner
+from ..bench.datasets import GRADERS, PRESETS, load_dataset, preset_names
+from ..config import MODES, DecodeConfig
+from ..errors import ConfigError
+from . import options as o
+from .common import console, err_console, friendly
+from .pull_ui import confirm_download, pull_progress
+
+P_DATA = "Dataset"
+P_METHODS = "Methods"
+P_MODELS = "Models"
+P_DECODE = "Decoding (all methods; a method's own settings win)"
+P_OUT = "Results"
+P_LLAMA = "llama.cpp"
 
 
-def register(app, models_app) -> None:
-    pass
+def _panel(opt, panel: str):
+    """A shared option from options.py shown under ``panel`` in --help."""
+    base, info = typing.get_args(opt)[:2]
+    info = copy.copy(info)
+    info.rich_help_panel = panel
+    return Annotated[base, info]
+
+
+DatasetOpt = Annotated[Optional[str], typer.Option(
+    "--dataset", help=f"A preset ({', '.join(n for n in preset_names() if n != 'gsm8k-train')}) or a JSONL file "
+    "(then give --question-key and --answer-key).", rich_help_panel=P_DATA)]
+QKeyOpt = Annotated[Optional[str], typer.Option(
+    "--question-key", help="JSON field holding the question (JSONL files; overrides a preset's).", rich_help_panel=P_DATA)]
+AKeyOpt = Annotated[Optional[str], typer.Option(
+    "--answer-key", help="JSON field holding the gold answer (JSONL files; overrides a preset's).", rich_help_panel=P_DATA)]
+GraderOpt = Annotated[Optional[str], typer.Option(
+    "--grader", help=f"Answer grader: {' or '.join(GRADERS)} (default: the preset's; numeric for files).",
+    rich_help_panel=P_DATA)]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Use N problems (after --offset).", rich_help_panel=P_DATA)]
+OffsetOpt = Annotated[int, typer.Option("--offset", help="Skip the first N problems.", rich_help_panel=P_DATA)]
+SampleOpt = Annotated[Optional[int], typer.Option(
+    "--sample", help="Draw N problems at random (with --seed) from the --offset/--limit slice.", rich_help_panel=P_DATA)]
+BenchSeedOpt = Annotated[Optional[int], typer.Option(
+    "--seed", help="Seed for --sample and for sampling when --temperature > 0 (default 0).", rich_help_panel=P_DATA)]
+
+ModesOpt = Annotated[Optional[str], typer.Option(
+    "--modes", help=f"Comma-separated modes to run, each a method named by its mode: {', '.join(MODES)} "
+    "(default target,sd,easd; none by default when --easd-config or --sweep is given).", rich_help_panel=P_METHODS)]
+EasdConfigOpt = Annotated[Optional[list[str]], typer.Option(
+    "--easd-config", metavar="NAME:KEY=VAL,...",
+    help="A method NAME with its own settings, e.g. hot:tau-target=1.5,penalty=0.5 (mode from mode=, else easd). "
+    "Repeatable.", rich_help_panel=P_METHODS)]
+SweepOpt = Annotated[Optional[list[str]], typer.Option(
+    "--sweep", metavar="KEY=V1,V2,...",
+    help="One easd method per value, named like easd\\[tau_target=1.5]; repeat for a grid.", rich_help_panel=P_METHODS)]
+
+PairsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--pair", metavar="NAME", help="Catalog pair name; repeat to compare pairs (default: the default pair).", rich_help_panel=P_MODELS)]
+DraftsOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--draft", metavar="PATH", help="Draft GGUF file; repeat with --target to compare pairs (paired in order).", rich_help_panel=P_MODELS)]
+TargetsOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--target", metavar="PATH", help="Target GGUF file; the i-th --target goes with the i-th --draft.", rich_help_panel=P_MODELS)]
+
+OutOpt = Annotated[Optional[Path], typer.Option(
+    "--out", metavar="FILE", help="Results file (JSON lines, one row per problem × method × pair, appended as each finishes).",
+    rich_help_panel=P_OUT)]
+ResumeOpt = Annotated[bool, typer.Option(
+    "--resume", help="Continue an interrupted run: keep --out's rows and compute only the missing ones.",
+    rich_help_panel=P_OUT)]
+BenchMaxTokOpt = Annotated[Optional[int], typer.Option(
+    "--max-tokens", help=f"Maximum tokens per answer (default {runner.DEFAULT_MAX_TOKENS}).", rich_help_panel=P_DECODE)]
+
+
+def _check_no_run_options(ctx: typer.Context) -> None:
+    # (typer vendors its own click: compare by name, not by class)
+    given = [p.opts[0] for p in ctx.command.params
+             if getattr(p, "param_type_name", "") == "option"
+             and getattr(ctx.get_parameter_source(p.name), "name", "") == "COMMANDLINE"]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} belong{'s' if len(given) == 1 else ''} to a benchmark run, not to "
+            f"'bench {ctx.invoked_subcommand}'; put the subcommand's own options after its name"
+        )
+
+
+class _BenchProgress(Progress):
+    """A progress bar with a running-accuracy line under it."""
+
+    accuracy = Text("")
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        if self.accuracy.plain:
+            yield self.accuracy
+
+
+class _Accuracy:
+    """Running accuracy per method (per pair/method when several pairs run)."""
+
+    def __init__(self, several_pairs: bool) -> None:
+        self.several = several_pairs
+        self.counts: dict[str, list[int]] = {}
+
+    def add(self, row: dict) -> None:
+        key = f"{row['pair']}/{row['method']}" if self.several else row["method"]
+        c = self.counts.setdefault(key, [0, 0])
+        c[0] += bool(row["correct"])
+        c[1] += 1
+
+    def text(self) -> str:
+        parts = [f"{k} {c}/{n} {100 * c / n:.0f}%" for k, (c, n) in self.counts.items() if n]
+        return ("accuracy: " + " · ".join(parts)) if parts else ""
+
+
+def print_report(path: Path, markdown: Path | None = None, plot: Path | None = None) -> None:
+    results = rep.load_results(path)
+    if results.torn_lines:
+        err_console.print(
+            Text(f"note: the last line of {path} was cut off mid-write (the run was killed) and is skipped; "
+                 "rerun the benchmark with --resume to redo that row", style="yellow")
+        )
+    summaries = rep.summarize(results)
+    if not summaries:
+        console.print(Text(f"{path}: no results yet"))
+    # a log file or pipe gets whole tables rather than 80 columns of ellipses
+    out = console if console.is_terminal else Console(highlight=False, width=max(console.width, 200))
+    for table in rep.render_rich(summaries):
+        out.print(table)
+    if markdown is not None:
+        try:
+            markdown.expanduser().write_text(rep.render_markdown(summaries), encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {str(markdown)!r}: {exc.strerror or exc}") from None
+        console.print(Text(f"markdown: {markdown}"))
+    if plot is not None and summaries:
+        console.print(Text(f"plot: {rep.plot(summaries, plot)}"))
+
+
+def _need_matplotlib(plot: Path | None) -> None:
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("--plot needs matplotlib: pip install 'easd-local[plot]'")
+
+
+def _run(
+    dataset, question_key, answer_key, grader, limit, offset, sample, seed, modes, easd_config, sweep,
+    pair, draft, target, yes, out, resume, max_tokens, temperature, top_k, top_p, gamma, draft_p_min,
+    top_n, overlap, tau_draft, tau_target, penalty, ctx, threads, n_gpu_layers, n_gpu_layers_draft,
+    flash_attn, main_gpu, verbose,
+) -> None:
+    if dataset is None:
+        raise ConfigError("--dataset is missing: give a preset (" + ", ".join(
+            n for n in preset_names() if n != "gsm8k-train") + ") or a JSONL file; see easd-local bench --help")
+    if out is None:
+        raise ConfigError("--out is missing: give the results file (JSON lines), e.g. --out results.jsonl")
+    # ---- everything is checked before any model loads: methods, settings, dataset, --out
+    methods = runner.build_methods(modes, easd_config or (), sweep or ())
+    flags = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                 gamma=gamma, draft_p_min=draft_p_min, top_n=top_n, overlap=overlap, tau_draft=tau_draft,
+                 tau_target=tau_target, penalty=penalty)
+    base = DecodeConfig(max_tokens=runner.DEFAULT_MAX_TOKENS)
+    runner.check_methods(methods, base, flags)
+    topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+    problems = load_dataset(dataset, question_key, answer_key, grader, limit=limit, offset=offset, sample=sample,
+                            seed=0 if seed is None else seed)
+    if not problems:
+        raise ConfigError(f"no problems selected from {dataset} (check --offset/--limit)")
+    if dataset in PRESETS and PRESETS[dataset].calibration_only:
+        err_console.print(Text(f"warning: {dataset} is the calibration split; scores on it are not test scores",
+                               style="yellow"))
+    results = runner.ResultsFile(out, resume)
+    specs = runner.pair_specs(pair or (), draft or (), target or (), methods,
+                              confirm=confirm_download(yes), progress=pull_progress())
+    plan = runner.prepare(problems, specs, methods, base, flags, topts, dopts)
+
+    with results.open():
+        if results.torn_bytes:
+            err_console.print(Text(f"{out}: removed a torn last line ({results.torn_bytes} bytes, written when the "
+                                   "run was killed); that row is computed again", style="yellow"))
+        events = runner.run_plan(plan, results)
+        info = next(events)
+        assert isinstance(info, runner.Started)
+        _announce(info, plan, out)
+        try:
+            _drive(events, info, plan)
+        except KeyboardInterrupt:
+            err_console.print(Text(f"interrupted: {len(results.rows)} rows are saved in {out}; "
+                                   "rerun with --resume to continue"))
+            raise typer.Exit(130) from None
+    print_report(out)
+
+
+def _announce(info: runner.Started, plan: runner.Plan, out: Path) -> None:
+    n_pairs = len(plan.pairs)
+    line = (f"{plan.problems[0].dataset}: {len(plan.problems)} problems × {len(plan.methods)} method{'s' if len(plan.methods) != 1 else ''}"
+            f"{f' × {n_pairs} pairs' if n_pairs > 1 else ''} = {info.total} rows → {out}")
+    if info.resumed:
+        line += f" ({len(info.resumed)} already there, {info.todo} to go)"
+    err_console.print(Text(line))
+    if info.changed:
+        err_console.print(Text(
+            f"warning: {len(info.changed)} rows kept from {out} were made with other settings than this run's, "
+            f"e.g. {info.changed[0]}", style="yellow"))
+
+
+def _drive(events, info: runner.Started, plan: runner.Plan) -> None:
+    acc = _Accuracy(len(plan.pairs) > 1)
+    for row in info.resumed:
+        acc.add(row)
+    live = err_console.is_terminal
+    bar = _BenchProgress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("eta"), TimeRemainingColumn(),
+        console=err_console, transient=False, disable=not live,
+        speed_estimate_period=3600.0,  # rows can take minutes: average over the whole run
+    )
+    bar.accuracy = Text(acc.text(), style="dim")
+    t0 = last_line = time.perf_counter()
+    with bar:
+        task = bar.add_task("starting", total=info.todo)
+        for ev in events:
+            if isinstance(ev, runner.PairLoading):
+                bar.update(task, description=f"loading pair {ev.pair}")
+                if not live:
+                    err_console.print(Text(f"pair {ev.pair}: loading ({ev.todo} rows to go)"))
+            elif isinstance(ev, runner.Working):
+                where = f"{ev.pair} · " if len(plan.pairs) > 1 else ""
+                bar.update(task, description=f"{where}{ev.problem.qid} · {ev.method}")
+            elif isinstance(ev, runner.RowDone):
+                acc.add(ev.row)
+                bar.accuracy = Text(acc.text(), style="dim")
+                bar.advance(task)
+                if not live:  # a log file: a line now and then (first row, every 30 s, last row)
+                    done = int(bar.tasks[0].completed)
+                    now = time.perf_counter()
+                    if done in (1, info.todo) or now - last_line >= 30.0:
+                        last_line = now
+                        elapsed = now - t0
+                        eta = elapsed / done * (info.todo - done)
+                        err_console.print(Text(f"{done}/{info.todo} rows · {elapsed:.0f} s · eta {eta:.0f} s · "
+                                               f"{acc.text()}"))
+        bar.update(task, description="done")
+
+
+def register(app: typer.Typer, models_app: typer.Typer) -> None:
+    bench_app = typer.Typer(
+        name="bench",
+        invoke_without_command=True,
+        rich_markup_mode="rich",
+        subcommand_metavar="[report RESULTS]",
+    )
+    app.add_typer(bench_app, name="bench")
+
+    run_params = dict(
+        dataset=(DatasetOpt, None), question_key=(QKeyOpt, None), answer_key=(AKeyOpt, None),
+        grader=(GraderOpt, None), limit=(LimitOpt, None), offset=(OffsetOpt, 0), sample=(SampleOpt, None),
+        seed=(BenchSeedOpt, None), modes=(ModesOpt, None), easd_config=(EasdConfigOpt, None),
+        sweep=(SweepOpt, None), pair=(PairsOpt, None), draft=(DraftsOpt, None), target=(TargetsOpt, None),
+        yes=(_panel(o.YesOpt, P_MODELS), False), out=(OutOpt, None), resume=(ResumeOpt, False),
+        max_tokens=(BenchMaxTokOpt, None), temperature=(_panel(o.TempOpt, P_DECODE), None),
+        top_k=(_panel(o.TopKOpt, P_DECODE), None), top_p=(_panel(o.TopPOpt, P_DECODE), None),
+        gamma=(_panel(o.GammaOpt, P_DECODE), None), draft_p_min=(_panel(o.PMinOpt, P_DECODE), None),
+        top_n=(_panel(o.TopNOpt, P_DECODE), None), overlap=(_panel(o.OverlapOpt, P_DECODE), None),
+        tau_draft=(_panel(o.TauDOpt, P_DECODE), None), tau_target=(_panel(o.TauTOpt, P_DECODE), None),
+        penalty=(_panel(o.PenaltyOpt, P_DECODE), None),
+        ctx=(_panel(o.CtxOpt, P_LLAMA), 4096), threads=(_panel(o.ThreadsOpt, P_LLAMA), None),
+        n_gpu_layers=(_panel(o.NglOpt, P_LLAMA), -1), n_gpu_layers_draft=(_panel(o.NglDraftOpt, P_LLAMA), None),
+        flash_attn=(_panel(o.FlashOpt, P_LLAMA), False), main_gpu=(_panel(o.MainGpuOpt, P_LLAMA), 0),
+        verbose=(_panel(o.VerboseOpt, P_LLAMA), False),
+    )
+
+    def with_run_options(fn):
+        """Give ``fn(ctx, **run options)`` the run options as typer parameters."""
+        import inspect
+
+        params = [inspect.Parameter("ctx_", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+        params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)
+                   for name, (ann, default) in run_params.items()]
+        fn.__signature__ = inspect.Signature(params)
+        return fn
+
+    doc = (
+        "Benchmark decoding methods on a reasoning dataset: accuracy, speed and EASD statistics.\n\n"
+        "Runs every problem with every method (--modes, --easd-config, --sweep) on every pair, appending one "
+        "JSON line per problem × method × pair to --out, then prints the report. Greedy by default.\n\n"
+        "Example: easd-local bench --dataset gsm8k --limit 50 --modes target,sd,easd --out results.jsonl\n\n"
+        "Summarise a results file again with: easd-local bench report RESULTS"
+    )
+
+    @bench_app.callback(help=doc)
+    @friendly
+    @with_run_options
+    def bench(ctx_: typer.Context, **kw) -> None:
+        if ctx_.invoked_subcommand is not None:
+            _check_no_run_options(ctx_)
+            return
+        _run(**kw)
+
+    @bench_app.command("run", help=doc.split("\n\n")[0] + " Same as 'easd-local bench' with these options.")
+    @friendly
+    @with_run_options
+    def bench_run(ctx_: typer.Context, **kw) -> None:
+        _run(**kw)
+
+    @bench_app.command("report")
+    @friendly
+    def report(
+        results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
+        markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the tables as Markdown to this file.")] = None,
+        plot: Annotated[Optional[Path], typer.Option("--plot", help="Also plot accuracy against tokens/s to this PNG (needs matplotlib).")] = None,
+    ) -> None:
+        """Summarise a results file: accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares."""
+        _need_matplotlib(plot)
+        print_report(results, markdown, plot)

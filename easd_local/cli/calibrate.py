@@ -8,6 +8,7 @@ import json
 import math
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -164,8 +165,14 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                           disable=json_out or not err_console.is_terminal) as prog:
                 task = prog.add_task("q", total=len(prompts), pos="")
 
+                t0 = time.perf_counter()
+                plain = not json_out and not err_console.is_terminal  # logs: a line every 10 questions
+
                 def on_progress(done: int, total: int, positions: int) -> None:
                     prog.update(task, completed=done, pos=f"{positions:,} positions")
+                    if plain and (done % 10 == 0 or done == total):
+                        err_console.print(f"calibrating: {done}/{total} questions, {positions:,} positions, "
+                                          f"{time.perf_counter() - t0:.0f} s")
 
                 tr = cal.collect(models.draft, models.target, prompts, max_tokens=max_tokens, top_n=top_n_,
                                  n_vocab=models.n_vocab, progress=on_progress)

@@ -1,0 +1,516 @@
+"""Run a benchmark: problems × methods × pairs, one result row per finished (problem, method).
+
+Nothing here prints. The command line (``easd_local.cli.bench``) builds a :class:`Plan`
+with :func:`build_methods` / :func:`prepare`, opens the results file with
+:class:`ResultsFile` and drives :func:`run_plan`, a generator of progress events.
+
+Order of work: pairs outermost (each pair's models are loaded once), then problems, then
+methods, so that one problem's methods run back to back and any drift in machine load
+hits every method of a problem alike (the paired comparisons in the report rely on that).
+
+Durability: every row is appended as one JSON line, flushed and fsynced before the next
+generation starts. A run killed at any moment loses at most the row being written; a
+torn last line is cut away when the run is resumed, and rows already present (keyed by
+dataset, qid, method, pair) are skipped, so a resumed run neither loses nor duplicates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from .. import decoding
+from ..config import MODES, DecodeConfig, field_name, parse_value
+from ..errors import ConfigError
+from ..pair import open_models
+from ..resolve import PairSpec, resolve_config, resolve_pair
+from ..runtime import LoadOptions
+from .datasets import Problem
+from .grading import is_correct
+from .prompt import build_messages
+from .schema import make_row, validate_row
+
+DEFAULT_MODES = ("target", "sd", "easd")
+DEFAULT_MAX_TOKENS = 1024
+
+Key = tuple[str, str, str, str]  # (dataset, qid, method, pair)
+
+
+def row_key(row: dict) -> Key:
+    return (row["dataset"], row["qid"], row["method"], row["pair"])
+
+
+# ------------------------------------------------------------------------- methods
+
+
+@dataclass(frozen=True)
+class Method:
+    """A named decoding configuration: ``changes`` (DecodeConfig field -> value, always
+    including ``mode``) override the command-line flags, which override the pair profile."""
+
+    name: str
+    changes: dict[str, Any]
+    origin: str  # the option it came from, for error messages ("--modes sd", "--sweep ...")
+
+    @property
+    def mode(self) -> str:
+        return self.changes["mode"]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _settings(items: Sequence[tuple[str, str]], origin: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, text in items:
+        name = field_name(key)
+        if name in out:
+            raise ConfigError(f"{origin}: {name.replace('_', '-')} is given twice")
+        out[name] = parse_value(name, text)
+    return out
+
+
+def parse_modes(text: str) -> list[Method]:
+    """``"target,sd,easd"`` -> one method per mode, named by the mode."""
+    out = []
+    for mode in (m.strip() for m in text.split(",")):
+        if not mode:
+            continue
+        if mode not in MODES:
+            raise ConfigError(f"--modes: unknown mode {mode!r}; modes: {', '.join(MODES)}")
+        out.append(Method(mode, {"mode": mode}, f"--modes {mode}"))
+    if not out:
+        raise ConfigError("--modes is empty; give a comma-separated list of: " + ", ".join(MODES))
+    return out
+
+
+def parse_easd_config(text: str) -> Method:
+    """``"NAME:key=val,key=val"`` -> a method NAME (mode from ``mode=``, else easd)."""
+    origin = f"--easd-config {text}"
+    name, sep, body = text.partition(":")
+    name = name.strip()
+    if not sep or not name:
+        raise ConfigError(f"{origin}: expected NAME:key=value,... (e.g. hot:tau-target=1.5,penalty=0.5)")
+    items = []
+    for part in (p.strip() for p in body.split(",")):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"{origin}: {part!r} is not key=value")
+        items.append((key, value))
+    changes = _settings(items, origin)
+    changes.setdefault("mode", "easd")
+    return Method(name, changes, origin)
+
+
+def parse_sweeps(sweeps: Sequence[str]) -> list[Method]:
+    """``["tau-target=1.5,2", "penalty=0,0.5"]`` -> the cartesian product, one method per
+    combination, named like ``easd[tau_target=1.5,penalty=0]`` (mode from ``mode=`` if swept)."""
+    if not sweeps:
+        return []
+    axes: list[tuple[str, list[Any]]] = []
+    for text in sweeps:
+        origin = f"--sweep {text}"
+        key, eq, values = text.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"{origin}: expected key=v1,v2,... (e.g. tau-target=1.5,2,2.5)")
+        name = field_name(key)
+        if any(name == a for a, _ in axes):
+            raise ConfigError(f"{origin}: {name.replace('_', '-')} is swept twice")
+        vals = [parse_value(name, v) for v in values.split(",") if v.strip()]
+        if not vals:
+            raise ConfigError(f"{origin}: no values")
+        if len(set(map(_fmt, vals))) != len(vals):
+            raise ConfigError(f"{origin}: a value repeats")
+        axes.append((name, vals))
+    out = []
+    for combo in itertools.product(*(vals for _, vals in axes)):
+        changes = dict(zip((a for a, _ in axes), combo))
+        mode = changes.setdefault("mode", "easd")
+        label = ",".join(f"{k}={_fmt(v)}" for k, v in changes.items() if k != "mode")
+        name = f"{mode}[{label}]" if label else mode
+        origin = "--sweep " + " ".join(f"{k.replace('_', '-')}={_fmt(changes[k])}" for k, _ in axes)
+        out.append(Method(name, changes, origin))
+    return out
+
+
+def build_methods(modes: str | None, easd_configs: Sequence[str] = (), sweeps: Sequence[str] = ()) -> list[Method]:
+    """The methods of a run: ``--modes`` (default target,sd,easd when no --easd-config or
+    --sweep is given), then each ``--easd-config``, then the ``--sweep`` combinations."""
+    methods: list[Method] = []
+    if modes is not None:
+        methods += parse_modes(modes)
+    elif not easd_configs and not sweeps:
+        methods += parse_modes(",".join(DEFAULT_MODES))
+    methods += [parse_easd_config(t) for t in easd_configs]
+    methods += parse_sweeps(sweeps)
+    seen: dict[str, Method] = {}
+    for m in methods:
+        if m.name in seen:
+            raise ConfigError(f"two methods are named {m.name!r} ({seen[m.name].origin} and {m.origin}); "
+                              "give each --easd-config a different NAME")
+        seen[m.name] = m
+    return methods
+
+
+def check_methods(methods: Sequence[Method], base: DecodeConfig, flags: dict[str, Any]) -> None:
+    """Validate every method's configuration (flags, then the method's own settings);
+    ConfigError names the option at fault. Run before any model loads."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    with_flags = base.replace(**given)
+    for m in methods:
+        try:
+            with_flags.replace(**m.changes)
+        except ConfigError as e:
+            raise ConfigError(f"{m.origin}: {e}") from None
+
+
+# ------------------------------------------------------------------------ the plan
+
+
+def pair_specs(
+    pairs: Sequence[str],
+    drafts: Sequence[Path],
+    targets: Sequence[Path],
+    methods: Sequence[Method],
+    *,
+    confirm: Callable[[int], bool] = lambda n: True,
+    progress=None,
+) -> list[PairSpec]:
+    """Catalog pairs (``--pair``, in order) then file pairs (the i-th ``--draft`` with the
+    i-th ``--target``); the default catalog pair when none is given. A side may be left
+    out only when no method needs it (``--modes target`` needs no draft)."""
+    need_draft = any(m.mode != "target" for m in methods)
+    need_target = any(m.mode != "draft" for m in methods)
+    mode = "easd" if (need_draft and need_target) else ("target" if need_target else "draft")
+    drafts, targets = list(drafts), list(targets)
+    if drafts and targets and len(drafts) != len(targets):
+        raise ConfigError(
+            f"--draft is given {len(drafts)} times but --target {len(targets)} times: "
+            "give them in groups (the i-th --draft goes with the i-th --target)"
+        )
+    if drafts and not targets:
+        if need_target:
+            raise ConfigError("--target is missing: give a --target for each --draft (or --pair NAME)")
+        groups = [(d, None) for d in drafts]
+    elif targets and not drafts:
+        if need_draft:
+            raise ConfigError("--draft is missing: give a --draft for each --target (or --pair NAME)")
+        groups = [(None, t) for t in targets]
+    else:
+        groups = list(zip(drafts, targets))
+    specs: list[PairSpec] = []
+    for name in pairs:
+        specs.append(resolve_pair(name, None, None, mode=mode, confirm=confirm, progress=progress))
+    for d, t in groups:
+        specs.append(resolve_pair(None, d, t, mode=mode, confirm=confirm, progress=progress))
+    if not specs:
+        specs.append(resolve_pair(None, None, None, mode=mode, confirm=confirm, progress=progress))
+    labels: dict[str, PairSpec] = {}
+    for s in specs:
+        if s.label in labels:
+            raise ConfigError(f"two pairs have the same label {s.label!r}; results are keyed by it, "
+                              "so give each pair once (file pairs are labelled by their file names)")
+        labels[s.label] = s
+    return specs
+
+
+@dataclass(frozen=True)
+class MethodRun:
+    method: Method
+    cfg: DecodeConfig
+    source: str  # thresholds source (default / profile / flags)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.cfg)
+
+
+@dataclass(frozen=True)
+class PairRun:
+    spec: PairSpec
+    runs: list[MethodRun]
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+
+@dataclass(frozen=True)
+class Plan:
+    problems: list[Problem]
+    pairs: list[PairRun]
+    target_opts: LoadOptions = LoadOptions()
+    draft_opts: LoadOptions | None = None
+
+    @property
+    def methods(self) -> list[str]:
+        return [r.method.name for r in self.pairs[0].runs] if self.pairs else []
+
+    def keys(self) -> Iterator[tuple[Key, PairRun, Problem, MethodRun]]:
+        for pr in self.pairs:
+            for prob in self.problems:
+                for run in pr.runs:
+                    yield (prob.dataset, prob.qid, run.method.name, pr.label), pr, prob, run
+
+
+def prepare(
+    problems: Sequence[Problem],
+    specs: Sequence[PairSpec],
+    methods: Sequence[Method],
+    base: DecodeConfig,
+    flags: dict[str, Any],
+    target_opts: LoadOptions = LoadOptions(),
+    draft_opts: LoadOptions | None = None,
+) -> Plan:
+    """Resolve each method's configuration per pair: method settings > flags > the pair's
+    profile > ``base`` (no model is loaded)."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    pairs = []
+    for spec in specs:
+        runs = []
+        for m in methods:
+            try:
+                cfg, source = resolve_config(base, spec, {**given, **m.changes})
+            except ConfigError as e:
+                raise ConfigError(f"{m.origin} (pair {spec.label}): {e}") from None
+            runs.append(MethodRun(m, cfg, source))
+        pairs.append(PairRun(spec, runs))
+    return Plan(list(problems), pairs, target_opts, draft_opts)
+
+
+# -------------------------------------------------------------------- results file
+
+
+class ResultsFile:
+    """The JSON-lines results file, opened for appending one fsynced row at a time.
+
+    Without ``resume`` an existing non-empty file is an error (never overwritten or
+    appended to). With ``resume`` its rows are read (``done`` holds their keys) and a torn
+    last line (no final newline: the writer was killed mid-row) is cut away on
+    :meth:`open`, so the next row starts on a line of its own.
+    """
+
+    def __init__(self, path: str | Path, resume: bool) -> None:
+        self.path = Path(path).expanduser()
+        self.resume = resume
+        self.rows: dict[Key, dict] = {}
+        self.torn_bytes = 0  # length of the unterminated tail cut away by open()
+        self._keep = 0  # bytes kept (everything up to the last newline)
+        self._fh = None
+        p = self.path
+        if p.is_dir():
+            raise ConfigError(f"--out {str(p)!r} is a directory")
+        size = p.stat().st_size if p.exists() else 0
+        if size and not resume:
+            raise ConfigError(f"{str(p)!r} exists; use --resume or another --out")
+        self._load()  # early, so that a corrupt file is reported before any model loads
+
+    def _load(self) -> None:
+        p = self.path
+        self.rows, self.torn_bytes, self._keep = {}, 0, 0
+        if not p.exists():
+            return
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read {str(p)!r}: {exc.strerror or exc}") from None
+        self._keep = data.rfind(b"\n") + 1
+        self.torn_bytes = len(data) - self._keep
+        for lineno, raw in enumerate(data[: self._keep].split(b"\n"), 1):
+            if not raw.strip():
+                continue
+            where = f"{p.name} line {lineno}"
+            try:
+                row = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raise ConfigError(f"{where} is not valid JSON; the file is corrupt (cannot resume into it)") from None
+            validate_row(row, where)
+            self.rows[row_key(row)] = row
+
+    @property
+    def done(self) -> set[Key]:
+        return set(self.rows)
+
+    def open(self) -> "ResultsFile":
+        """Lock the file for this run, reread it and cut a torn last line away."""
+        p = self.path
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(p, "a", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            raise ConfigError(f"cannot write {str(p)!r}: {exc.strerror or exc}") from None
+        try:  # one writer per file: a second run on the same --out would duplicate rows
+            import fcntl
+
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # pragma: no cover - not POSIX
+            pass
+        except OSError:
+            self.close()
+            raise ConfigError(f"{str(p)!r} is being written by another run") from None
+        try:
+            self._load()  # under the lock: what another run may have added meanwhile
+            if self.torn_bytes:
+                os.ftruncate(self._fh.fileno(), self._keep)  # appends then go to the new end
+                os.fsync(self._fh.fileno())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def append(self, row: dict) -> None:
+        assert self._fh is not None, "ResultsFile.open() first"
+        # one line per row; flushed and fsynced so that a kill loses at most this row
+        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self.rows[row_key(row)] = row
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def __enter__(self) -> "ResultsFile":
+        return self.open() if self._fh is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------- running
+
+
+@dataclass(frozen=True)
+class Started:
+    """Before any model loads: what the run will do."""
+
+    total: int  # problem × method × pair rows in the plan
+    todo: int  # rows still to compute
+    resumed: list[dict]  # rows of the plan already in the file (for running accuracy)
+    changed: list[str] = field(default_factory=list)  # resumed rows made with other settings
+
+
+@dataclass(frozen=True)
+class PairLoading:
+    pair: str
+    index: int
+    todo: int
+
+
+@dataclass(frozen=True)
+class PairLoaded:
+    pair: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Working:
+    pair: str
+    problem: Problem
+    method: str
+
+
+@dataclass(frozen=True)
+class RowDone:
+    row: dict
+
+
+Event = Started | PairLoading | PairLoaded | Working | RowDone
+
+
+def _describe_change(old: dict, new: dict) -> str:
+    diffs = [f"{k} {_fmt(old.get(k))} -> {_fmt(new.get(k))}" for k in new if old.get(k) != new.get(k)]
+    diffs += [f"{k} (no longer set)" for k in old if k not in new]
+    return ", ".join(diffs[:3]) + (", ..." if len(diffs) > 3 else "")
+
+
+def start_info(plan: Plan, out: ResultsFile) -> Started:
+    total = 0
+    resumed: list[dict] = []
+    changed: list[str] = []
+    for key, _pr, _prob, run in plan.keys():
+        total += 1
+        old = out.rows.get(key)
+        if old is None:
+            continue
+        resumed.append(old)
+        now = json.loads(json.dumps(run.config))  # as it would read back from the file
+        if old.get("config") != now:
+            changed.append(f"{key[2]} on {key[1]} (pair {key[3]}): {_describe_change(old.get('config', {}), now)}")
+    return Started(total=total, todo=total - len(resumed), resumed=resumed, changed=changed)
+
+
+def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
+    """Compute every row of ``plan`` not yet in ``out``, appending each as it finishes.
+
+    Yields :class:`Started` first, then for each pair with work left :class:`PairLoading`
+    and :class:`PairLoaded`, then :class:`Working` / :class:`RowDone` per row."""
+    import time
+
+    info = start_info(plan, out)
+    yield info
+    for index, pr in enumerate(plan.pairs):
+        todo = [
+            (prob, [run for run in pr.runs if (prob.dataset, prob.qid, run.method.name, pr.label) not in out.rows])
+            for prob in plan.problems
+        ]
+        todo = [(prob, runs) for prob, runs in todo if runs]
+        if not todo:
+            continue
+        yield PairLoading(pr.label, index, sum(len(runs) for _, runs in todo))
+        modes = {run.cfg.mode for run in pr.runs}
+        need_draft = bool(modes - {"target"})
+        need_target = bool(modes - {"draft"})
+        t0 = time.perf_counter()
+        models = open_models(
+            pr.spec.draft if need_draft else None,
+            pr.spec.target if need_target else None,
+            plan.target_opts,
+            plan.draft_opts,
+        )
+        with models:
+            for run in pr.runs:  # top-n against the vocabulary: needs the loaded models
+                try:
+                    run.cfg.validate(models.n_vocab)
+                except ConfigError as e:
+                    raise ConfigError(f"{run.method.origin} (pair {pr.label}): {e}") from None
+            yield PairLoaded(pr.label, time.perf_counter() - t0)
+            # the prompt goes through the target's chat template (the draft's when no target)
+            main = models.target if models.target is not None else models.draft
+            present = [m for m in (models.target, models.draft) if m is not None]
+            for prob, runs in todo:
+                prompt = main.chat_tokens(build_messages(prob.question))
+                for run in runs:
+                    yield Working(pr.label, prob, run.method.name)
+                    # Fresh caches before every generation. Decoding would otherwise reuse
+                    # the prompt the previous method left in the KV cache, so every method
+                    # after the first of a problem would skip its prompt evaluation and
+                    # look faster (seconds_total and ttft include the prompt). Resetting
+                    # makes each method pay for its own prompt.
+                    for m in present:
+                        m.reset()
+                    fin, _events = decoding.run(
+                        models.target, models.draft, prompt, run.cfg,
+                        n_vocab=models.n_vocab, thresholds_source=run.source,
+                    )
+                    correct, extracted = is_correct(fin.text, prob.gold, prob.grader)
+                    row = make_row(
+                        dataset=prob.dataset, qid=prob.qid, index=prob.index, method=run.method.name,
+                        pair=pr.label, config=run.config, question=prob.question, gold=prob.gold,
+                        completion=fin.text, extracted=extracted, correct=correct,
+                        # raw floats: the schema wants numbers (inf for a gate that is off)
+                        stats=dataclasses.asdict(fin.stats),
+                    )
+                    out.append(row)
+                    yield RowDone(row)
