@@ -29,6 +29,20 @@ from .errors import ConfigError, ContextOverflowError, EasdError
 from .runtime import Model
 
 # Chat's own sampling defaults (generate's are greedy with 512 tokens).
+def auto_mode(gpu_offload: bool, n_gpu_layers: int, have_draft: bool) -> tuple[str, str]:
+    """The mode chat picks when none is given, and why (shown in the banner).
+
+    On a CPU a verify batch of gamma+1 tokens costs several one-token decodes, so SD and
+    EASD built on it run slower than the target alone there (scripts/bench_modes.py);
+    target-first EASD keeps EASD's gate at close to the target's speed. With layers on a
+    GPU, batched verification is nearly free and the SD path is the fast one."""
+    if not have_draft:
+        return "target", "only a target was given"
+    if gpu_offload and n_gpu_layers != 0:
+        return "easd", "GPU offload: EASD on speculative decoding"
+    return "easd-tf", "CPU-only: target-first EASD is the faster path here (/mode easd for the SD path)"
+
+
 CHAT_DEFAULTS = DecodeConfig(temperature=0.7, top_k=40, top_p=0.95, max_tokens=1024)
 
 COMMANDS_HELP = [

@@ -167,6 +167,11 @@ def tensor_type_histogram(path: str | os.PathLike) -> dict[str, int]:
     return dict(sorted(hist.items(), key=lambda kv: -kv[1]))
 
 
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can offload layers (CUDA, Metal, Vulkan...)."""
+    return bool(_ll.llama_supports_gpu_offload())
+
+
 # --------------------------------------------------------------------------- the model
 class Model:
     """A loaded GGUF model with one llama.cpp context (one sequence, id 0).

@@ -119,7 +119,11 @@ def test_chat_two_turns_and_commands(tiny_draft, tiny_target, home, tmp_path):
     assert kinds.count("user") == 2 and kinds.count("assistant") == 2
     assert "mode" in kinds and "set" in kinds and "system" in kinds and "reset" in kinds
     replies = [row for row in rows if row["event"] == "assistant"]
-    assert replies[0]["stats"]["mode"] == "easd" and replies[1]["stats"]["mode"] == "sd"
+    from easd_local.chat import auto_mode
+    from easd_local.runtime import gpu_offload_supported
+
+    assert replies[0]["stats"]["mode"] == auto_mode(gpu_offload_supported(), -1, True)[0]
+    assert replies[1]["stats"]["mode"] == "sd"
     assert replies[1]["stats"]["gamma"] == 2 and replies[0]["stats"]["tokens"] == 12
 
 
@@ -341,3 +345,29 @@ def test_session_commands(tiny_target, tmp_path):
         r = s.command("/stats")
         assert r.ok and r.data["settings"]["tau_target"] == 0.9 and r.data["turns"] == 0
         s.close()
+
+
+def test_auto_mode_picks_the_path_for_the_hardware():
+    from easd_local.chat import auto_mode
+
+    assert auto_mode(False, -1, True)[0] == "easd-tf"
+    assert auto_mode(True, -1, True)[0] == "easd"
+    assert auto_mode(True, 0, True)[0] == "easd-tf"  # GPU build but nothing offloaded
+    assert auto_mode(True, -1, False)[0] == "target"
+
+
+def test_banner_says_which_mode_was_chosen(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from easd_local.cli import app
+
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path))
+    r = CliRunner().invoke(app, ["chat", "--draft", str(tiny_draft), "--target", str(tiny_target),
+                                 "--max-tokens", "4", "--threads", "1"], input="hi\n")
+    assert r.exit_code == 0, r.output
+    from easd_local.chat import auto_mode
+    from easd_local.runtime import gpu_offload_supported
+
+    mode, why = auto_mode(gpu_offload_supported(), -1, True)
+    assert f"mode {mode} (auto: {why})" in r.output
+    assert f"{mode} · 4 tokens" in r.output

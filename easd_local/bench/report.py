@@ -14,7 +14,8 @@ per-row ratios):
 - EASD fires per 100 tokens = 100 · Σ ``easd_fires`` / Σ ``tokens``;
 - time shares = Σ ``seconds_draft`` | ``seconds_target`` | ``seconds_controller`` / Σ ``seconds_total``.
 
-The speculative figures are reported only for methods that drafted (Σ ``drafted`` > 0).
+The speculative figures are reported only for methods that drafted (Σ ``drafted`` > 0);
+the fire rate also for the other EASD methods (``easd-tf`` gates without drafting).
 Each method is compared with ``sd`` and with ``target`` on the qids both have: wins
 (method right, baseline wrong), losses (the reverse) and the exact McNemar p-value.
 """
@@ -173,6 +174,8 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
     seconds = float(total("seconds_total"))
     drafted = total("drafted")
     speculative = drafted > 0
+    # easd-tf drafts nothing but gates every position: its fire rate belongs in the table
+    gated = speculative or any(str(r["config"].get("mode", "")).startswith("easd") for r in rows)
     committed = total("draft_accepted") + total("sd_rejections") + total("easd_fires") + total("bonus")
     return MethodSummary(
         method=method,
@@ -188,7 +191,7 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
         speculative=speculative,
         acceptance_rate=_ratio(total("draft_accepted"), drafted) if speculative else None,
         mean_accepted_len=_ratio(committed, total("target_calls")) if speculative else None,
-        easd_fires_per_100=(_ratio(100.0 * total("easd_fires"), tokens) if speculative else None),
+        easd_fires_per_100=(_ratio(100.0 * total("easd_fires"), tokens) if gated else None),
         share_draft=_ratio(total("seconds_draft"), seconds),
         share_target=_ratio(total("seconds_target"), seconds),
         share_controller=_ratio(total("seconds_controller"), seconds),

@@ -12,10 +12,10 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter
-from ..config import DecodeConfig
+from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter, auto_mode
 from ..errors import EasdError
 from ..pair import open_models
+from ..runtime import gpu_offload_supported
 from ..resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
@@ -205,8 +205,11 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         # every value is checked before any model loads
         CHAT_DEFAULTS.replace(**{k: v for k, v in flags.items() if v is not None})
         topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
-        mode_ = mode or DecodeConfig.mode
-        spec = resolve_pair(pair, draft, target, mode=mode_, confirm=confirm_download(yes), progress=pull_progress())
+        spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=confirm_download(yes),
+                            progress=pull_progress())
+        why = ""
+        if mode is None:
+            flags["mode"], why = auto_mode(gpu_offload_supported(), n_gpu_layers, spec.draft is not None)
         cfg, source = resolve_config(CHAT_DEFAULTS, spec, flags)
         # load every model that was given, so that /mode can switch between them
         models = open_models(spec.draft, spec.target, topts, dopts)
@@ -216,7 +219,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 thresholds_source=source, transcript=TranscriptWriter.new(), label=spec.label,
             )
             try:
-                _note(f"easd-local chat · {spec.label} · mode {cfg.mode} · context {session.n_ctx} tokens · "
+                _note(f"easd-local chat · {spec.label} · mode {cfg.mode}{f' (auto: {why})' if why else ''} · "
+                      f"context {session.n_ctx} tokens · "
                       "/help for commands, Ctrl-D to leave")
                 if show_origin and sys.stdout.isatty():
                     err_console.print(LEGEND)
