@@ -30,6 +30,7 @@ import numpy as np
 
 from . import rules
 from .errors import ConfigError
+from .fsutil import write_jsonl_atomic
 
 PERCENTILES = (50, 75, 90, 95, 99)
 DEFAULT_DATASET = "gsm8k-train"
@@ -306,8 +307,6 @@ def collect(
 
 
 def write_trace(path: str | Path, trace: Trace) -> None:
-    from .cli.render import write_jsonl_atomic
-
     write_jsonl_atomic(Path(path), trace.rows())
 
 

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Iterator, Union
 
 from . import paths
+from .fsutil import write_text_atomic
 from .config import MODES, DecodeConfig, apply_settings
 from .decoding import Finished, Stats, TokenEvent, generate
 from .errors import ConfigError, ContextOverflowError, EasdError
@@ -194,25 +194,6 @@ class TranscriptWriter:
         if self._f is not None:
             self._f.close()
             self._f = None
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write beside ``path`` and rename over it: never a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 # --------------------------------------------------------------------------- session

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any, Mapping
 
 from . import paths
 from .config import DecodeConfig
+from .fsutil import write_json_atomic
 from .errors import ConfigError
 
 PROFILE_SCHEMA = 1
@@ -83,22 +83,6 @@ def _read_hash_cache() -> dict[str, Any]:
         return {}
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def file_sha256(path: str | os.PathLike) -> str:
     """sha256 of a file; for big files cached by (resolved path, size, mtime_ns)."""
     p = Path(path).expanduser().resolve()
@@ -124,7 +108,7 @@ def file_sha256(path: str | os.PathLike) -> str:
             cache = _read_hash_cache()
             cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
             try:
-                _write_json_atomic(hash_cache_path(), cache)
+                write_json_atomic(hash_cache_path(), cache)
             except OSError:
                 pass  # a read-only home only costs a re-hash next time
     return sha
@@ -164,7 +148,7 @@ def write_profile(draft: FileId, target: FileId, tau_draft: float, tau_target: f
         **info,
     }
     path = profile_path(draft.sha256, target.sha256)
-    _write_json_atomic(path, obj)
+    write_json_atomic(path, obj)
     return path
 
 

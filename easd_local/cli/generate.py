@@ -17,7 +17,8 @@ from ..resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import confirm_download, pull_progress
-from .render import ORIGIN_STYLE, LEGEND, status_line, trace_rows, write_jsonl_atomic
+from ..fsutil import write_jsonl_atomic
+from .render import LEGEND, ORIGIN_STYLE, status_line, trace_rows
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:

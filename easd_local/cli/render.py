@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
-from pathlib import Path
 from typing import Iterable
 
 from ..decoding import BONUS, DRAFT, EASD, TARGET, TRACE_NAMES, Stats, TokenEvent
@@ -53,19 +49,3 @@ def trace_rows(events: Iterable[TokenEvent]) -> Iterable[dict]:
         }
 
 
-def write_jsonl_atomic(path: Path, rows: Iterable[dict]) -> None:
-    """Write to a temp file beside ``path`` and rename: never a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
