@@ -94,7 +94,9 @@ def test_builtin_default_pair(home):
     assert pair.target.size == 1_117_320_768
     assert pair.target.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
     assert pair.draft.vocab_size == pair.target.vocab_size == 151_936
-    assert pair.profile is None
+    # the shipped calibration (easd-local calibrate --percentile 90 on gsm8k-train)
+    assert pair.profile["percentile"] == 90 and pair.profile["dataset"] == "gsm8k-train"
+    assert 0 < pair.profile["tau_target"] < pair.profile["tau_draft"] < 2.0
 
 
 def test_builtin_sources(home):
@@ -129,6 +131,8 @@ def test_misses_list_known_names(home):
 
 def test_profile_table_is_parsed(home, tmp_path, monkeypatch):
     text = (REPO / "models" / "catalog.toml").read_text()
+    # replace the shipped profile table with a hand-made one
+    text = text[: text.index("[pairs.default.profile]")]
     text += '\n[pairs.default.profile]\ntau_draft = 0.7\ntau_target = 0.55\npercentile = 90\ncommand = "x"\n'
     alt = tmp_path / "cat.toml"
     alt.write_text(text)

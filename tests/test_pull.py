@@ -483,7 +483,7 @@ def test_cli_pull_ctrl_c_exits_130_without_half_file(cli, mirror, monkeypatch):
 
 
 def test_cli_pull_large_needs_yes_when_not_interactive(cli, mirror, monkeypatch):
-    monkeypatch.setattr("easd_local.cli.catalog_cmds.CONFIRM_ABOVE_BYTES", 1000)
+    monkeypatch.setattr("easd_local.cli.pull_ui.CONFIRM_ABOVE_BYTES", 1000)
     monkeypatch.setattr(P, "_pip_download", lambda *a: pytest.fail("downloaded"))
     r = cli("pull")
     assert r.exit_code == 2

@@ -2,54 +2,24 @@
 
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
 import typer
 from rich import box
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
 from ..catalog import add_user_model, is_present, load_catalog, local_path
 from ..errors import PullError
-from ..pull import CONFIRM_ABOVE_BYTES, missing_models, pull_model
-from .common import console, err_console, friendly
-
-
-def human_size(n: int) -> str:
-    for unit, div in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n} B"
-
-
-def _download_progress(transient: bool = False) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=err_console,
-        transient=transient,
-    )
+from ..pull import missing_models, pull_model
+from .common import console, friendly
+from .pull_ui import ask_download, download_bar, human_size
 
 
 @contextmanager
-def pull_progress() -> Iterator:
-    """A rich bar on stderr; yields ``start(label, total) -> callback(done, total, msg)``.
-
-    Also used by other commands that call ``ensure_pair``.
-    """
-    with _download_progress() as prog:
+def _file_bars() -> Iterator:
+    """One rich bar per file on stderr; yields ``start(label, total) -> callback``."""
+    with download_bar() as prog:
 
         def start(label: str, total: int):
             task = prog.add_task(label, total=total)
@@ -60,15 +30,6 @@ def pull_progress() -> Iterator:
             return cb
 
         yield start
-
-
-def confirm_download(total: int, yes: bool = False) -> bool:
-    """Ask before downloading more than 1 GB (``--yes`` skips; non-interactive refuses)."""
-    if yes or total <= CONFIRM_ABOVE_BYTES:
-        return True
-    if not sys.stdin.isatty():
-        raise PullError(f"this needs a {human_size(total)} download; pass --yes to allow it")
-    return typer.confirm(f"Download {human_size(total)}?", default=True, err=True)
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
@@ -85,11 +46,11 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         _kind, entries = cat.resolve(name)
         missing = missing_models(entries)
         total = sum(e.size for e in missing)
-        if not confirm_download(total, yes):
+        if not ask_download(total, yes):
             raise PullError("download declined")
         seen: set[str] = set()
         done_lines = []
-        with pull_progress() as start:
+        with _file_bars() as start:
             for e in entries:
                 if e.name in seen:
                     continue
@@ -147,7 +108,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         role: Optional[str] = typer.Option(None, "--role", help="draft or target."),
     ) -> None:
         """Register a local GGUF file in the user catalog (records size and sha256)."""
-        with _download_progress(transient=True) as prog:
+        with download_bar(transient=True) as prog:
             task = prog.add_task(f"hashing {name}", total=None)
             entry = add_user_model(
                 name, path, role=role, progress=lambda d, t: prog.update(task, completed=d, total=t)
