@@ -439,6 +439,9 @@ def parse_args(argv=None):
     ap.add_argument("--ctx", type=int, default=4096, help="context length, both sides (default 4096)")
     ap.add_argument("--flash-attn", action="store_true", help="flash attention on, both sides (default off)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (runs + summary) instead of tables")
+    ap.add_argument("--modes", default="target,sd,easd",
+                    help="comma-separated subset of target,sd,easd to run (default: all three)")
+    ap.add_argument("--save", type=Path, help="also write the JSON object (runs + summary) to this file")
     ap.add_argument("--ours-only", action="store_true", help="run only easd-local (never builds or runs llama.cpp)")
     ap.add_argument("--no-build", action="store_true", help="skip the llama.cpp half if its tools are not built")
     ap.add_argument("--build-only", action="store_true", help="build llama.cpp's tools (if needed) and exit")
@@ -450,6 +453,10 @@ def parse_args(argv=None):
     for name in ("n_prompts", "max_tokens", "reps", "threads", "gamma", "jobs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in args.modes if m not in ("target", "sd", "easd")]
+    if bad or not args.modes:
+        ap.error(f"--modes takes a comma-separated subset of target,sd,easd, got {','.join(bad) or 'nothing'}")
     return args
 
 
@@ -474,9 +481,11 @@ def main(argv=None) -> int:
     from easd_local.runtime import LoadOptions
 
     notes: list[str] = []
-    tools = None if args.ours_only else ensure_tools(args)
+    needs_native = any(m in args.modes for m in ("target", "sd"))
+    tools = None if (args.ours_only or not needs_native) else ensure_tools(args)
     if tools is None:
-        notes.append("llama.cpp half skipped (" + ("--ours-only" if args.ours_only else "tools not built") + ")")
+        why = "--ours-only" if args.ours_only else ("tools not built" if needs_native else "--modes easd only")
+        notes.append(f"llama.cpp half skipped ({why})")
 
     opts = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=0, flash_attn=args.flash_attn)
     problems = load_dataset("gsm8k", limit=args.n_prompts)
@@ -520,6 +529,7 @@ def main(argv=None) -> int:
         plan = [("ours", "target"), ("llama.cpp", "target"), ("ours", "sd"), ("llama.cpp", "sd"), ("ours", "easd")]
         if tools is None:
             plan = [p for p in plan if p[0] == "ours"]
+        plan = [p for p in plan if p[1] in args.modes]
         t_start = time.perf_counter()
         for rep in range(args.reps):
             order = plan if rep % 2 == 0 else list(reversed(plan))
@@ -539,8 +549,12 @@ def main(argv=None) -> int:
             "flash_attn": args.flash_attn, "wall_s": wall, "load_start": load, "load_end": load_end,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "llama_cpp_python": llama_cpp_python_version(),
             "notes": sorted(set(notes), key=notes.index)}
+    result = {"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}
+    if args.save is not None:
+        args.save.parent.mkdir(parents=True, exist_ok=True)
+        args.save.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     if args.json:
-        print(json.dumps({"meta": meta, "summary": summary, "runs": [asdict(r) for r in runs]}, indent=2))
+        print(json.dumps(result, indent=2))
     else:
         print_table(summary, meta)
         print(f"wall {wall / 60:.1f} min; load average {load:.2f} at start, {load_end:.2f} at end"

@@ -150,6 +150,15 @@ def test_smoke_no_build_skips_native_with_a_note(tmp_path, tiny_draft, tiny_targ
     assert set(saved) == {"meta", "summary", "runs"} and len(saved["runs"]) == 6
 
 
+def test_modes_subset(tmp_path, tiny_draft, tiny_target):
+    r = _run(tmp_path, *_pair_args(tiny_draft, tiny_target), "--modes", "sd,easd", "--ours-only", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {x["mode"] for x in out["runs"]} <= {"sd", "easd"} and len(out["runs"]) >= 4
+    r = _run(tmp_path, *_pair_args(tiny_draft, tiny_target), "--modes", "bogus")
+    assert r.returncode == 2 and "--modes" in r.stderr
+
+
 def _built_tools_dir() -> Path | None:
     explicit = os.environ.get("EASD_BENCH_LLAMA_BUILD")
     cands = [Path(explicit)] if explicit else []
