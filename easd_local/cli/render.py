@@ -22,7 +22,7 @@ def status_line(s: Stats) -> str:
         parts.append(f"EASD fires {s.easd_fires}")
         if s.mode == "easd-tf":
             parts.append(f"draft consulted {s.draft_consults}")
-        parts.append(f"τd={s.tau_draft:g} τt={s.tau_target:g} ({s.thresholds_source})")
+        parts.append(f"τd={s.tau_draft:g} τt={s.tau_target:g} from {s.thresholds_source}")
     if s.stop_reason and s.stop_reason != "eos":
         parts.append(f"stop: {s.stop_reason}")
     return " · ".join(parts)
