@@ -202,7 +202,9 @@ def generate(
             first = False
         stats.tokens += 1
         if origin == DRAFT:
-            stats.draft_accepted += 1
+            # draft-only mode proposes nothing: its tokens are not "accepted" drafts
+            if mode != "draft":
+                stats.draft_accepted += 1
         elif origin == EASD:
             stats.easd_fires += 1
         elif origin == BONUS:

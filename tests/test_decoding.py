@@ -70,7 +70,8 @@ def check_stats(fin: Finished, events):
     s = fin.stats
     origins = [e.origin for e in events]
     assert len(events) == s.tokens == len(fin.tokens)
-    assert origins.count(DRAFT) == s.draft_accepted
+    assert origins.count(DRAFT) == (s.tokens if s.mode == "draft" else s.draft_accepted)
+    assert s.draft_accepted <= s.drafted
     assert origins.count(EASD) == s.easd_fires
     assert origins.count(BONUS) == s.bonus
     assert origins.count(TARGET) == s.sd_rejections + s.target_tokens
