@@ -57,11 +57,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         verbose: o.VerboseOpt = False,
     ) -> None:
         """Generate one completion with EASD (or sd / target / draft / easd-tf) and print statistics."""
-        flags = dict(
-            mode=mode, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-            gamma=gamma, draft_p_min=draft_p_min, top_n=top_n, overlap=overlap, tau_draft=tau_draft,
-            tau_target=tau_target, penalty=penalty,
-        )
+        flags = o.decode_flags(locals())
         # every value is checked before any model loads
         DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
         topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)

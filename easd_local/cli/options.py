@@ -59,6 +59,15 @@ def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: b
     return t, d
 
 
+DECODE_FLAGS = ("mode", "max_tokens", "temperature", "top_k", "top_p", "seed", "gamma", "draft_p_min",
+                "top_n", "overlap", "tau_draft", "tau_target", "penalty")
+
+
+def decode_flags(params: dict) -> dict:
+    """The decoding flags of a command's parameters (None where not given)."""
+    return {k: params[k] for k in DECODE_FLAGS}
+
+
 def decode_config(base: DecodeConfig, **flags) -> DecodeConfig:
     """Apply the flags that were given (not None) on top of ``base`` and validate."""
     changes = {k: v for k, v in flags.items() if v is not None}
