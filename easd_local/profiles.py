@@ -18,7 +18,6 @@ User profiles are small JSON files in ``paths.profiles_dir()`` named
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import paths
+from .catalog import hash_file
 from .config import DecodeConfig
 from .fsutil import write_json_atomic
 from .errors import ConfigError
@@ -36,7 +36,6 @@ HASH_CACHE_NAME = "hash-cache.json"
 # files at least this big get their sha256 cached (smaller ones are hashed every time:
 # cheaper than a cache lookup that could go stale)
 HASH_CACHE_MIN_BYTES = 16 << 20
-_BLOCK = 1 << 20
 _LOCK = threading.Lock()
 
 
@@ -95,14 +94,7 @@ def file_sha256(path: str | os.PathLike) -> str:
             sha = rec.get("sha256")
             if isinstance(sha, str) and len(sha) == 64:
                 return sha
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        while True:
-            block = f.read(_BLOCK)
-            if not block:
-                break
-            h.update(block)
-    sha = h.hexdigest()
+    _, sha = hash_file(p)
     if st.st_size >= HASH_CACHE_MIN_BYTES:
         with _LOCK:
             cache = _read_hash_cache()
