@@ -9,7 +9,9 @@ evaluates the new tokens).
 Cache invariant, shared by every mode (as in llama.cpp's speculative-simple): before each
 step the target's cache holds ``seq[:-1]`` and the step evaluates ``seq[-1]`` (alone, or
 followed by the drafted tokens in one verify batch). The draft's cache holds a prefix of
-``seq`` and is caught up with one batched decode whenever it is needed.
+``seq`` and is caught up with one batched decode whenever it is needed (in ``easd-tf``:
+only at positions where the target's entropy lets the gate fire; the prompt itself is
+evaluated on both models before generation starts, in every mode that uses the draft).
 
 EASD (modes ``easd`` and ``easd-tf``) is deliberately NOT lossless: when draft and target
 are both uncertain and agree on their top-N candidates, it rejects a token the SD test
@@ -89,11 +91,16 @@ class Stats:
     stop_reason: str = ""
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        for k, v in d.items():
-            if isinstance(v, float):
-                d[k] = v if math.isfinite(v) else (None if math.isnan(v) else ("inf" if v > 0 else "-inf"))
-        return d
+        """Strict-JSON form: see ``json_number``."""
+        return {k: json_number(v) for k, v in asdict(self).items()}
+
+
+def json_number(value):
+    """``value`` for strict JSON (which has no Infinity/NaN): a non-finite float becomes
+    "inf" / "-inf", NaN becomes None; anything else is returned as is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
 
 
 @dataclass(frozen=True)
@@ -185,10 +192,13 @@ def generate(
 
     # ---- prompt: both caches to prompt[:-1] (the first step evaluates prompt[-1])
     clock.run("draft" if mode == "draft" else "target", _prefill, main, prompt)
-    if mode in ("sd", "easd"):
+    if mode in ("sd", "easd") or (mode == "easd-tf" and gate_on):
+        # easd-tf too: its first consult would otherwise evaluate the whole prompt on the
+        # draft inside generation; as in sd/easd that is prompt work (counted in
+        # seconds_prompt and time to first token, not in tokens_per_s)
         clock.run("draft", _prefill, draft, prompt)
     elif mode == "easd-tf":
-        draft.rollback(draft.common_prefix(prompt[:-1]))  # caught up lazily, only if consulted
+        draft.rollback(draft.common_prefix(prompt[:-1]))  # gate off: the draft is never consulted
     stats.seconds_prompt = time.perf_counter() - t_start
     budget = cfg.max_tokens
     ctx_limit = min(main.n_ctx, draft.n_ctx) if mode in ("sd", "easd", "easd-tf") else main.n_ctx

@@ -353,7 +353,10 @@ class BlockResult:
     a bonus exactly when all g drafts were accepted and the gate did not fire, so
     ``len(tokens) == n_accepted_sd + n_rejected_sd + bonus``.
     ``h_draft``/``h_target``/``overlap`` have one entry per drafted position examined
-    (``n_accepted_sd + n_rejected_sd``), NaN when the gate was off.
+    (``n_accepted_sd + n_rejected_sd``). They hold only what the gate needed: H_t at each
+    SD-accepted position (the gate is never evaluated at the rejected one), H_d and the
+    overlap only where H_t >= tau_target; NaN everywhere else and when the gate is off
+    or cannot fire.
     """
 
     tokens: list[int]
@@ -397,7 +400,9 @@ def verify_block(
     token is emitted (argmax / sample of p_g). EASD: an SD-accepted draft token whose
     gate (raw-logit entropies and top-N overlap) fires is replaced by the target's
     runner-up (greedy) or a sample of penalize(p_i, d_i, cfg.penalty) ("easd") and the
-    block stops. No gate on the bonus token.
+    block stops. No gate on the bonus token. The gate is evaluated lazily, position by
+    position, only where it can change the outcome (see BlockResult for what is
+    reported); the decisions are those of evaluating it everywhere.
 
     Random numbers (sampling mode only; greedy consumes none), in this order: for each
     examined position one ``rng.random()`` for the acceptance test; then exactly one
@@ -413,16 +418,21 @@ def verify_block(
         raise ValueError(f"z_target must have g+1 = {g + 1} rows, got {zt.shape[0]}")
     zd = np.asarray(z_draft).reshape(g, V) if g else np.zeros((0, V), dtype=zt.dtype)
 
-    nan = [math.nan] * g
-    if gate_on and g:
-        hd = entropy(zd)
-        ht = entropy(zt[:g])
-        ov = top_n_overlap(zd, zt[:g], cfg.top_n)
-        fires = gate(hd, ht, ov, cfg.tau_draft, cfg.tau_target, cfg.overlap)
-        hd, ht, ov = hd.tolist(), ht.tolist(), ov.tolist()
-    else:
-        fires = np.zeros(g, dtype=bool)
-        hd, ht, ov = nan, nan, nan
+    hd, ht, ov = [math.nan] * g, [math.nan] * g, [math.nan] * g
+    can_fire = gate_on and _gate_can_fire(cfg)
+
+    def fires(i: int) -> bool:
+        # Evaluated only at SD-accepted positions, in order, and only until the first
+        # fire: the gate cannot change anything elsewhere. H_t is the cheap filter
+        # (one row); H_d and the top-N overlap are computed only where H_t passes.
+        if not can_fire:
+            return False
+        ht[i] = float(entropy(zt[i]))
+        if ht[i] < cfg.tau_target:
+            return False
+        hd[i] = float(entropy(zd[i]))
+        ov[i] = float(top_n_overlap(zd[i], zt[i], cfg.top_n))
+        return bool(gate(hd[i], ht[i], ov[i], cfg.tau_draft, cfg.tau_target, cfg.overlap))
 
     tokens: list[int] = []
     origins: list[str] = []
@@ -439,7 +449,7 @@ def verify_block(
                 n_rej = 1
                 break
             n_acc += 1
-            if fires[i]:
+            if fires(i):
                 tokens.append(runner_up(zt[i], di))
                 origins.append("easd")
                 fired = True
@@ -461,7 +471,7 @@ def verify_block(
                 n_rej = 1
                 break
             n_acc += 1
-            if fires[i]:
+            if fires(i):
                 row = zt[i]
                 pen = penalize(p[i], di, cfg.penalty, fallback=lambda: sampling_probs(row, T))
                 tokens.append(sample(pen, rng))

@@ -56,16 +56,17 @@ def main() -> int:
 
     draft, target = (a.draft, a.target) if a.draft and a.target else tiny_pair()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    base = DecodeConfig(max_tokens=a.max_tokens, gamma=a.gamma)
-    if a.tau_draft is not None:
-        base = base.replace(tau_draft=a.tau_draft)
-    if a.tau_target is not None:
-        base = base.replace(tau_target=a.tau_target)
+    # thresholds as generate/chat would use them: flags > the pair's profile > defaults
+    from easd_local.resolve import PairSpec, resolve_config
+
+    flags = {k: v for k, v in (("tau_draft", a.tau_draft), ("tau_target", a.tau_target)) if v is not None}
+    base, tau_source = resolve_config(DecodeConfig(max_tokens=a.max_tokens, gamma=a.gamma),
+                                      PairSpec(draft=Path(draft), target=Path(target), label="bench"), flags)
     t0 = time.perf_counter()
     pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads))
     load_s = time.perf_counter() - t0
     problems = load_dataset("gsm8k", limit=a.n_prompts)
-    agg = {m: dict(tokens=0, gen_s=0.0, total_s=0.0, ctrl_s=0.0, draft_s=0.0, target_s=0.0, drafted=0,
+    agg = {m: dict(tokens=0, gen_s=0.0, total_s=0.0, prompt_s=0.0, ctrl_s=0.0, draft_s=0.0, target_s=0.0, drafted=0,
                    draft_accepted=0, fires=0, consults=0, target_calls=0, catchup_tokens=0) for m in modes}
     per_prompt = {m: [] for m in modes}
     for prob in problems:
@@ -80,6 +81,7 @@ def main() -> int:
             g["tokens"] += s.tokens
             g["gen_s"] += s.seconds_total - s.seconds_prompt
             g["total_s"] += s.seconds_total
+            g["prompt_s"] += s.seconds_prompt
             g["ctrl_s"] += s.seconds_controller
             g["draft_s"] += s.seconds_draft
             g["target_s"] += s.seconds_target
@@ -95,6 +97,9 @@ def main() -> int:
         tps = g["tokens"] / g["gen_s"] if g["gen_s"] else 0.0
         rows[m] = dict(
             tokens=g["tokens"], tokens_per_s=round(tps, 2),
+            # prompt included: what a user waits for end to end
+            tokens_per_s_e2e=round(g["tokens"] / g["total_s"], 2) if g["total_s"] else 0.0,
+            prompt_s=round(g["prompt_s"] / len(problems), 3),
             controller_share=round(g["ctrl_s"] / g["total_s"], 4) if g["total_s"] else 0.0,
             acceptance=round(g["draft_accepted"] / g["drafted"], 3) if g["drafted"] else None,
             easd_fires_per_100=round(100 * g["fires"] / g["tokens"], 2) if g["tokens"] else 0.0,
@@ -107,23 +112,29 @@ def main() -> int:
         for m in rows:
             if m != "target":
                 ratios[f"{m}/target"] = round(rows[m]["tokens_per_s"] / rows["target"]["tokens_per_s"], 3)
+                if rows["target"]["tokens_per_s_e2e"]:
+                    ratios[f"{m}/target end-to-end"] = round(
+                        rows[m]["tokens_per_s_e2e"] / rows["target"]["tokens_per_s_e2e"], 3)
     if "sd" in rows and "easd" in rows and rows["sd"]["tokens_per_s"]:
         ratios["easd/sd"] = round(rows["easd"]["tokens_per_s"] / rows["sd"]["tokens_per_s"], 3)
     out = dict(draft=str(draft), target=str(target), n_prompts=len(problems), max_tokens=a.max_tokens,
                gamma=a.gamma, threads=a.threads or os.cpu_count(), load_s=round(load_s, 2),
-               tau_draft=base.tau_draft, tau_target=base.tau_target, modes=rows, ratios=ratios,
+               tau_draft=base.tau_draft, tau_target=base.tau_target, tau_source=tau_source, modes=rows, ratios=ratios,
                loadavg=os.getloadavg()[0])
     if a.json:
         print(json.dumps(out))
         return 0
     print(f"pair: {Path(draft).name} -> {Path(target).name}; {len(problems)} GSM8K questions, greedy, "
           f"max {a.max_tokens} tokens, gamma {a.gamma}, {out['threads']} threads, "
-          f"tau_d={base.tau_draft:g} tau_t={base.tau_target:g}; load avg {out['loadavg']:.2f}")
-    hdr = f"{'mode':8} {'tokens':>7} {'tok/s':>8} {'ctrl%':>6} {'accept':>7} {'fires/100':>9} {'consult':>8} {'tok/verify':>10}"
+          f"tau_d={base.tau_draft:g} tau_t={base.tau_target:g} ({tau_source}); load avg {out['loadavg']:.2f}")
+    print("tok/s: generated tokens / generation seconds (prompt excluded, as llama.cpp's eval rate); "
+          "e2e: prompt included; prompt s: mean per question")
+    hdr = f"{'mode':8} {'tokens':>7} {'tok/s':>8} {'e2e':>6} {'prompt s':>8} {'ctrl%':>6} {'accept':>7} {'fires/100':>9} {'consult':>8} {'tok/verify':>10}"
     print(hdr)
     for m, r in rows.items():
         f = lambda v, fmt: (fmt.format(v) if v is not None else "-")  # noqa: E731
-        print(f"{m:8} {r['tokens']:>7} {r['tokens_per_s']:>8.2f} {100 * r['controller_share']:>5.1f}% "
+        print(f"{m:8} {r['tokens']:>7} {r['tokens_per_s']:>8.2f} {r['tokens_per_s_e2e']:>6.2f} {r['prompt_s']:>8.3f} "
+              f"{100 * r['controller_share']:>5.1f}% "
               f"{f(r['acceptance'], '{:.3f}'):>7} {r['easd_fires_per_100']:>9.2f} {f(r['draft_consult_rate'], '{:.3f}'):>8} "
               f"{f(r['tokens_per_verify'], '{:.2f}'):>10}")
     for k, v in ratios.items():

@@ -105,12 +105,58 @@ def test_sweep_and_easd_configs_make_named_methods(tmp_path, tiny_draft, tiny_ta
     assert list(rows) == ["sd", "hot", "tf", "easd[tau_target=0.5]", "easd[tau_target=inf]"]
     assert rows["easd[tau_target=0.5]"]["config"]["tau_target"] == 0.5
     off = rows["easd[tau_target=inf]"]
-    assert off["config"]["tau_target"] == float("inf") and off["stats"]["easd_fires"] == 0
+    assert off["config"]["tau_target"] == "inf" and off["stats"]["easd_fires"] == 0  # strict JSON
     assert off["completion"] == rows["sd"]["completion"]  # gate off = SD
     assert rows["hot"]["config"]["mode"] == "easd" and rows["hot"]["stats"]["easd_fires"] > 0
     assert rows["tf"]["config"]["mode"] == "easd-tf" and rows["tf"]["config"]["tau_target"] == 0.3
     assert rows["hot"]["stats"]["thresholds_source"] == "flags"
     assert rows["sd"]["stats"]["thresholds_source"] == "default"
+
+
+def _strict_json(line: str):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def _old_format(row):
+    """``row`` as files written before strict JSON held it: the gate settings as bare floats
+    (``json.dumps`` writes them as Infinity)."""
+    old = json.loads(json.dumps(row))
+    for part in (old["config"], old["stats"]):
+        for k, v in part.items():
+            if v in ("inf", "-inf"):
+                part[k] = float(v)
+    return old
+
+
+def test_results_file_is_strict_json_with_gate_off(tmp_path, tiny_draft, tiny_target):
+    out = tmp_path / "r.jsonl"
+    args = ["--dataset", "gsm8k", "--limit", 2, "--modes", "target,sd,easd", "--tau-target", "inf",
+            "--easd-config", "on:tau-target=0", *files(tiny_draft, tiny_target), *FAST, "--out", out]
+    r = bench(*args)
+    assert r.exit_code == 0, r.output
+    rows = [_strict_json(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 8
+    for row in rows:  # the gate is off, except for "on"
+        want = 0.0 if row["method"] == "on" else "inf"
+        assert row["config"]["tau_target"] == want and row["stats"]["tau_target"] == want
+    assert [validate_row(row) for row in rows] == rows
+    r = bench("report", out)
+    assert r.exit_code == 0, r.output
+    assert "gsm8k · pair" in r.stdout and "vs sd" in r.stdout
+    # a file written before strict JSON (bare Infinity) still resumes and reports
+    old = [json.dumps(_old_format(row)) for row in rows[:-1]]
+    assert "Infinity" in old[0]
+    out.write_text("".join(line + "\n" for line in old), encoding="utf-8")
+    r = bench(*args, "--resume")
+    assert r.exit_code == 0, r.output
+    assert "7 already there, 1 to go" in r.stderr and "other settings" not in r.stderr
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 8 and _strict_json(lines[-1])["method"] == rows[-1]["method"]
+    assert sorted(keys_of(load_results(out))) == sorted(keys_of(rows))
+    assert "gsm8k · pair" in r.stdout
 
 
 @pytest.mark.parametrize(

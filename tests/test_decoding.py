@@ -195,6 +195,9 @@ def test_easd_tf_statistics(pair):
     assert 0 < s.draft_consults < s.tokens  # consulted only where the target is uncertain
     assert s.draft_calls == s.draft_consults
     assert s.catchup_tokens >= s.catchup_calls * 2
+    # the prompt was evaluated on the draft before generation: catch-ups only cover
+    # generated positions (each at most once), never the prompt
+    assert s.catchup_tokens + (s.draft_calls - s.catchup_calls) <= s.tokens
     assert s.easd_fires > 0
     consulted = [e for e in ev if not math.isnan(e.h_draft)]
     assert len(consulted) == s.draft_consults

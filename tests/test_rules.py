@@ -326,7 +326,9 @@ def test_greedy_easd_substitutes_runner_up():
     assert (res.n_accepted_sd, res.n_rejected_sd, res.gate_fired) == (2, 0, True)
     assert res.h_target[1] > math.log(V) - 0.05 and res.h_target[0] < 0.01
     assert res.overlap[1] == 1.0  # top-3 {1,3,0} vs {1,0,3}
-    assert res.overlap[0] == pytest.approx(2 / 3)  # {2,4,0} vs {2,0,1}
+    # H_t[0] < tau_t: the gate could not fire there, so H_d and the overlap were not computed
+    assert math.isnan(res.overlap[0]) and math.isnan(res.h_draft[0])
+    assert R.top_n_overlap(zd[0], zt[0], 3) == pytest.approx(2 / 3)  # {2,4,0} vs {2,0,1}
     _check_identities(res, 3)
     rng0 = np.random.default_rng(0)
     # near misses, each threshold just above what row 1 reaches: plain SD, bonus included
@@ -450,6 +452,66 @@ def test_block_identities_random_blocks():
                 assert R.gate(res.h_draft[i], res.h_target[i], res.overlap[i], 1.2, 1.2, 0.4)
                 if cfg.greedy:
                     assert res.tokens[-1] == R.runner_up(target.logits_block(ctx, toks)[i], toks[i])
+    assert fired > 20
+
+
+def _eager_verify(d, zd, zt, cfg, rng, gate_on):
+    """verify_block as first written: the gate evaluated at every drafted position."""
+    g = len(d)
+    if gate_on and g:
+        fires = R.gate(R.entropy(zd), R.entropy(zt[:g]), R.top_n_overlap(zd, zt[:g], cfg.top_n),
+                       cfg.tau_draft, cfg.tau_target, cfg.overlap)
+    else:
+        fires = np.zeros(g, bool)
+    p = None if cfg.greedy else R.sampling_probs(zt, cfg.temperature, cfg.top_k, cfg.top_p)
+    q = None if cfg.greedy or not g else R.sampling_probs(zd, cfg.temperature, cfg.top_k, cfg.top_p)
+    out = []
+    for i in range(g):
+        di = int(d[i])
+        if cfg.greedy:
+            ok = di == int(np.argmax(zt[i]))
+        else:
+            ok = R.sd_accept(p[i, di], q[i, di], rng.random())
+        if not ok:
+            out.append(int(np.argmax(zt[i])) if cfg.greedy else R.sample(R.residual(p[i], q[i]), rng))
+            return out
+        if fires[i]:
+            if cfg.greedy:
+                out.append(R.runner_up(zt[i], di))
+            else:
+                out.append(R.sample(R.penalize(p[i], di, cfg.penalty, lambda: R.sampling_probs(zt[i], cfg.temperature)), rng))
+            return out
+        out.append(di)
+    out.append(int(np.argmax(zt[g])) if cfg.greedy else R.sample(p[g], rng))
+    return out
+
+
+def test_lazy_gate_decides_as_the_eager_gate():
+    """verify_block evaluates the gate only where it can matter; tokens and random draws
+    must be those of evaluating it at every position (a gate that skipped a position it
+    needed, or looked at a rejected one, changes tokens here)."""
+    target, draft = make_pair(V=8, seed=50)
+    fired = 0
+    for kw in (dict(temperature=1.0), dict(temperature=0.0), dict(temperature=0.8, top_k=4)):
+        cfg = DecodeConfig(gamma=4, tau_draft=1.1, tau_target=1.3, overlap=0.4, top_n=3, **kw)
+        rng = np.random.default_rng(51)
+        for _ in range(400):
+            ctx = [int(rng.integers(8))]
+            toks, zd = draft_block(draft, ctx, int(rng.integers(0, 5)), cfg, rng)
+            zt = target.logits_block(ctx, toks)
+            state = rng.bit_generator.state
+            res = R.verify_block(toks, zd, zt, cfg, rng, True)
+            after = rng.bit_generator.state
+            ref_rng = np.random.default_rng()
+            ref_rng.bit_generator.state = state
+            assert res.tokens == _eager_verify(toks, zd, zt, cfg, ref_rng, True)
+            assert ref_rng.bit_generator.state == after
+            fired += res.gate_fired
+            for i in range(res.n_accepted_sd + res.n_rejected_sd):
+                if not math.isnan(res.h_target[i]):
+                    assert res.h_target[i] == pytest.approx(R.entropy(zt[i]))
+                if not math.isnan(res.overlap[i]):
+                    assert res.h_target[i] >= cfg.tau_target
     assert fired > 20
 
 

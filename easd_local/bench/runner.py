@@ -12,6 +12,13 @@ Durability: every row is appended as one JSON line, flushed and fsynced before t
 generation starts. A run killed at any moment loses at most the row being written; a
 torn last line is cut away when the run is resumed, and rows already present (keyed by
 dataset, qid, method, pair) are skipped, so a resumed run neither loses nor duplicates.
+
+A problem whose prompt does not fit in the context is skipped for every method of the pair
+(they share the prompt and the context), with a :class:`Skipped` event and no row: the
+accuracy tables stay over problems every method answered, and a resumed run with a larger
+``--ctx`` computes it.
+
+The file is strict JSON (``allow_nan=False``): see the schema for how infinities are stored.
 """
 
 from __future__ import annotations
@@ -26,14 +33,14 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .. import decoding
 from ..config import MODES, DecodeConfig, field_name, parse_value
-from ..errors import ConfigError
+from ..errors import ConfigError, ContextOverflowError
 from ..pair import open_models
 from ..resolve import PairSpec, resolve_config, resolve_pair
 from ..runtime import LoadOptions
 from .datasets import Problem
 from .grading import is_correct
 from .prompt import build_messages
-from .schema import make_row, validate_row
+from .schema import make_row, stored_config, validate_row
 
 DEFAULT_MODES = ("target", "sd", "easd")
 DEFAULT_MAX_TOKENS = 1024
@@ -370,8 +377,11 @@ class ResultsFile:
 
     def append(self, row: dict) -> None:
         assert self._fh is not None, "ResultsFile.open() first"
-        # one line per row; flushed and fsynced so that a kill loses at most this row
-        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        # one line per row; flushed and fsynced so that a kill loses at most this row.
+        # allow_nan=False: a bare Infinity or NaN is not JSON (jq and others reject the whole
+        # file), so a non-finite float that reached a row unconverted fails here, loudly
+        line = json.dumps(row, ensure_ascii=False, allow_nan=False)
+        self._fh.write(line + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self.rows[row_key(row)] = row
@@ -426,7 +436,37 @@ class RowDone:
     row: dict
 
 
-Event = Started | PairLoading | PairLoaded | Working | RowDone
+@dataclass(frozen=True)
+class Skipped:
+    """A problem no method of ``pair`` can run; its rows are not written."""
+
+    pair: str
+    problem: Problem
+    reason: str  # the same text for every problem skipped for one cause: summaries group by it
+    detail: str  # this problem's own figures ("its prompt is 812 tokens")
+    rows: int  # rows of the plan left uncomputed
+
+
+Event = Started | PairLoading | PairLoaded | Working | RowDone | Skipped
+
+
+def context_reason(n_ctx: int) -> str:
+    return f"prompt longer than the context ({n_ctx} tokens)"
+
+
+def prompt_fits(n_prompt: int, n_ctx: int) -> bool:
+    # the test decoding.generate makes (the prompt and room for one generated token), made
+    # once per problem against the smallest context loaded, so that every method skips it
+    return n_prompt + 1 <= n_ctx
+
+
+def skip_summary(skips: Sequence[Skipped]) -> list[str]:
+    """One line per reason, e.g. "2 problems skipped: prompt longer than the context (4096
+    tokens)"; a problem skipped on several pairs counts once."""
+    by_reason: dict[str, set[tuple[str, str]]] = {}
+    for s in skips:
+        by_reason.setdefault(s.reason, set()).add((s.problem.dataset, s.problem.qid))
+    return [f"{len(p)} problem{'s' if len(p) != 1 else ''} skipped: {reason}" for reason, p in by_reason.items()]
 
 
 def _describe_change(old: dict, new: dict) -> str:
@@ -445,9 +485,11 @@ def start_info(plan: Plan, out: ResultsFile) -> Started:
         if old is None:
             continue
         resumed.append(old)
-        now = json.loads(json.dumps(run.config))  # as it would read back from the file
-        if old.get("config") != now:
-            changed.append(f"{key[2]} on {key[1]} (pair {key[3]}): {_describe_change(old.get('config', {}), now)}")
+        # both as the file stores them now: an old file's bare Infinity equals "inf"
+        was = stored_config(old.get("config", {}))
+        now = json.loads(json.dumps(stored_config(run.config)))
+        if was != now:
+            changed.append(f"{key[2]} on {key[1]} (pair {key[3]}): {_describe_change(was, now)}")
     return Started(total=total, todo=total - len(resumed), resumed=resumed, changed=changed)
 
 
@@ -455,7 +497,8 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
     """Compute every row of ``plan`` not yet in ``out``, appending each as it finishes.
 
     Yields :class:`Started` first, then for each pair with work left :class:`PairLoading`
-    and :class:`PairLoaded`, then :class:`Working` / :class:`RowDone` per row."""
+    and :class:`PairLoaded`, then :class:`Working` / :class:`RowDone` per row, or one
+    :class:`Skipped` for a problem whose prompt does not fit in the context."""
     import time
 
     info = start_info(plan, out)
@@ -489,9 +532,14 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
             # the prompt goes through the target's chat template (the draft's when no target)
             main = models.target if models.target is not None else models.draft
             present = [m for m in (models.target, models.draft) if m is not None]
+            n_ctx = min(m.n_ctx for m in present)
             for prob, runs in todo:
                 prompt = main.chat_tokens(build_messages(prob.question))
-                for run in runs:
+                if not prompt_fits(len(prompt), n_ctx):
+                    detail = f"its prompt is {len(prompt)} tokens"
+                    yield Skipped(pr.label, prob, context_reason(n_ctx), detail, len(runs))
+                    continue
+                for i, run in enumerate(runs):
                     yield Working(pr.label, prob, run.method.name)
                     # Fresh caches before every generation. Decoding would otherwise reuse
                     # the prompt the previous method left in the KV cache, so every method
@@ -500,17 +548,21 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                     # makes each method pay for its own prompt.
                     for m in present:
                         m.reset()
-                    fin, _events = decoding.run(
-                        models.target, models.draft, prompt, run.cfg,
-                        n_vocab=models.n_vocab, thresholds_source=run.source,
-                    )
+                    try:
+                        fin, _events = decoding.run(
+                            models.target, models.draft, prompt, run.cfg,
+                            n_vocab=models.n_vocab, thresholds_source=run.source,
+                        )
+                    except ContextOverflowError as e:  # the same test as prompt_fits: not expected
+                        yield Skipped(pr.label, prob, context_reason(n_ctx), str(e), len(runs) - i)
+                        break
                     correct, extracted = is_correct(fin.text, prob.gold, prob.grader)
                     row = make_row(
                         dataset=prob.dataset, qid=prob.qid, index=prob.index, method=run.method.name,
                         pair=pr.label, config=run.config, question=prob.question, gold=prob.gold,
                         completion=fin.text, extracted=extracted, correct=correct,
-                        # raw floats: the schema wants numbers (inf for a gate that is off)
-                        stats=dataclasses.asdict(fin.stats),
+                        # to_dict: strict JSON, a gate that is off (tau inf) stored as "inf"
+                        stats=fin.stats.to_dict(),
                     )
                     out.append(row)
                     yield RowDone(row)

@@ -11,6 +11,13 @@ The runner builds rows with :func:`make_row`; the report reads them back through
 ``method`` is free text: a mode (``target``, ``draft``, ``sd``, ``easd``, ``easd-tf``) or a
 named configuration such as ``easd[tau_target=1.5]``. Modes that do not draft write 0 in
 every speculative field. Extra keys (top level or in ``stats``) are allowed and kept.
+
+Non-finite numbers: strict JSON has no Infinity or NaN (jq and most non-Python readers
+reject them), so a float that is not finite is stored as the string ``"inf"`` or ``"-inf"``,
+or as null for NaN, in ``stats`` (``decoding.Stats.to_dict`` writes it so) and in ``config``
+(:func:`stored_config`). Only the EASD gate settings (``tau_draft``, ``tau_target``: inf =
+gate off) are ever infinite. Readers take both that form and the bare floats of files
+written before it (Python's json reads ``Infinity``): :func:`read_number`.
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from __future__ import annotations
 import math
 from typing import Any, TypedDict
 
+from ..decoding import json_number
 from ..errors import ConfigError
 
 # stats fields -> kind. "count": int >= 0; "seconds"/"rate": finite float >= 0;
-# "param": float, +-inf allowed (EASD gate settings; inf = gate off); "text": str.
+# "param": float, +-inf allowed (EASD gate settings; inf = gate off; stored as "inf");
+# "text": str.
 STAT_FIELDS: dict[str, str] = {
     "tokens": "count",
     "drafted": "count",
@@ -87,11 +96,11 @@ class RowStats(TypedDict):
     ttft_s: float
     acceptance_rate: float
     mean_accepted_len: float
-    tau_draft: float
-    tau_target: float
+    tau_draft: float | str  # "inf" when the gate is off (see the module docstring)
+    tau_target: float | str
     top_n: int
-    overlap: float
-    penalty: float
+    overlap: float | str
+    penalty: float | str
     thresholds_source: str
     stop_reason: str
 
@@ -109,6 +118,28 @@ class ResultRow(TypedDict):
     extracted: str | None
     correct: bool
     stats: RowStats
+
+
+# a number as the results file stores it (non-finite -> "inf" / "-inf" / null)
+stored_number = json_number
+
+
+def stored_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A decoding configuration (flat: field -> value) as the results file stores it. Also
+    the form to compare configurations in: an old file's float inf and "inf" become equal."""
+    return {k: stored_number(v) for k, v in config.items()}
+
+
+def read_number(value: Any) -> float | None:
+    """A stored number back as a float ("inf" / "-inf" -> +-inf, null -> NaN); None when
+    ``value`` is not a number (a bool, another text, a list...)."""
+    if value is None:
+        return math.nan
+    if value in ("inf", "-inf"):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
 
 
 def empty_stats() -> dict[str, Any]:
@@ -134,7 +165,10 @@ def make_row(
     correct: bool,
     stats: dict[str, Any],
 ) -> dict[str, Any]:
-    """Build and validate a row; stats fields not given default to 0 ("" for texts)."""
+    """Build and validate a row; stats fields not given default to 0 ("" for texts).
+
+    ``stats`` as ``decoding.Stats.to_dict`` gives it (non-finite floats already stored as
+    text); ``config`` is stored here with :func:`stored_config`."""
     full = empty_stats()
     full.update(stats)
     row = {
@@ -143,7 +177,7 @@ def make_row(
         "index": index,
         "method": method,
         "pair": pair,
-        "config": dict(config),
+        "config": stored_config(config),
         "question": question,
         "gold": gold,
         "completion": completion,
@@ -187,17 +221,18 @@ def validate_row(row: Any, where: str = "") -> dict[str, Any]:
             if not isinstance(value, str):
                 raise _bad(where, f"stats.{name} must be text, got {type(value).__name__}")
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        number = read_number(value)
+        if number is None:
             raise _bad(where, f"stats.{name} must be a number, got {type(value).__name__}")
         if kind == "count":
-            if not isinstance(value, int) or value < 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise _bad(where, f"stats.{name} must be a whole number >= 0, got {value!r}")
             continue
         if kind == "param":  # gate settings may be +-inf (gate off), never NaN
-            if math.isnan(value):
+            if math.isnan(number):
                 raise _bad(where, f"stats.{name} must be a number, got NaN")
             continue
-        if not math.isfinite(value):
+        if not math.isfinite(number):
             raise _bad(where, f"stats.{name} must be finite, got {value!r}")
         if kind in ("seconds", "rate") and value < 0:
             raise _bad(where, f"stats.{name} must be >= 0, got {value!r}")

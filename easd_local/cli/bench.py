@@ -200,12 +200,23 @@ def _run(
         assert isinstance(info, runner.Started)
         _announce(info, plan, out)
         try:
-            _drive(events, info, plan)
+            skips = _drive(events, info, plan)
         except KeyboardInterrupt:
             err_console.print(Text(f"interrupted: {len(results.rows)} rows are saved in {out}; "
                                    "rerun with --resume to continue"))
             raise typer.Exit(130) from None
     print_report(out)
+    _summarize_skips(skips)
+
+
+def _summarize_skips(skips: list[runner.Skipped]) -> None:
+    # last, under the report: its tables leave these problems out, and this says why
+    lines = runner.skip_summary(skips)
+    for line in lines:
+        err_console.print(Text(line, style="yellow"))
+    if lines:
+        err_console.print(Text("no rows were written for skipped problems: rerun with --resume and a larger --ctx to compute "
+                               "them", style="yellow"))
 
 
 def _announce(info: runner.Started, plan: runner.Plan, out: Path) -> None:
@@ -221,8 +232,10 @@ def _announce(info: runner.Started, plan: runner.Plan, out: Path) -> None:
             f"e.g. {info.changed[0]}", style="yellow"))
 
 
-def _drive(events, info: runner.Started, plan: runner.Plan) -> None:
+def _drive(events, info: runner.Started, plan: runner.Plan) -> list[runner.Skipped]:
+    """Show the run's progress; return the problems it skipped."""
     acc = _Accuracy(len(plan.pairs) > 1)
+    skips: list[runner.Skipped] = []
     for row in info.resumed:
         acc.add(row)
     live = err_console.is_terminal
@@ -244,6 +257,12 @@ def _drive(events, info: runner.Started, plan: runner.Plan) -> None:
             elif isinstance(ev, runner.Working):
                 where = f"{ev.pair} · " if len(plan.pairs) > 1 else ""
                 bar.update(task, description=f"{where}{ev.problem.qid} · {ev.method}")
+            elif isinstance(ev, runner.Skipped):
+                skips.append(ev)
+                where = f" on pair {ev.pair}" if len(plan.pairs) > 1 else ""
+                err_console.print(Text(f"skipped {ev.problem.qid}{where} ({ev.rows} row{'s' if ev.rows != 1 else ''}): "
+                                       f"{ev.reason}; {ev.detail}", style="dim"))
+                bar.advance(task, ev.rows)  # those rows will not come: the bar still ends full
             elif isinstance(ev, runner.RowDone):
                 acc.add(ev.row)
                 bar.accuracy = Text(acc.text(), style="dim")
@@ -258,6 +277,7 @@ def _drive(events, info: runner.Started, plan: runner.Plan) -> None:
                         err_console.print(Text(f"{done}/{info.todo} rows · {elapsed:.0f} s · eta {eta:.0f} s · "
                                                f"{acc.text()}"))
         bar.update(task, description="done")
+    return skips
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
