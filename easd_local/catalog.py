@@ -22,11 +22,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from . import paths
-from .errors import ConfigError
+from .errors import ConfigError, ModelLoadError
+from .gguf_file import check_gguf_file
 
 ROLES = ("draft", "target")
 SOURCE_KINDS = ("hf", "pypi", "path")
-GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
@@ -275,20 +275,14 @@ def add_user_model(
         raise ConfigError(f"{name!r} is a built-in model; choose another name")
     if name in builtin.pairs:
         raise ConfigError(f"{name!r} is the name of a pair; choose another name")
-    p = Path(path).expanduser()
     try:
-        p = p.resolve(strict=True)
+        p = Path(path).expanduser().resolve(strict=True)
     except (OSError, RuntimeError):
         raise ConfigError(f"no such file: {path}") from None
-    if not p.is_file():
-        raise ConfigError(f"not a regular file: {p}")
     try:
-        with open(p, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise ConfigError(f"cannot read {p}: {e.strerror or e}") from None
-    if magic != GGUF_MAGIC:
-        raise ConfigError(f"{p} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        check_gguf_file(p)
+    except ModelLoadError as e:
+        raise ConfigError(str(e)) from None
     size, sha = hash_file(p, progress)
     record = {
         "file": p.name,

@@ -16,12 +16,12 @@ import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from .errors import ContextOverflowError, ModelLoadError, RuntimeFailure
+from .gguf_file import check_gguf_file
 
 try:
     import llama_cpp as _ll
@@ -120,31 +120,6 @@ class ModelFacts:
 
 
 _VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
-
-GGUF_MAGIC = b"GGUF"
-
-
-def check_gguf_file(path: str | os.PathLike) -> Path:
-    """Cheap checks before llama.cpp sees the file, so the common mistakes get a precise
-    message: missing, a directory, empty, not GGUF."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise ModelLoadError(f"{p}: file not found")
-    if p.is_dir():
-        raise ModelLoadError(f"{p}: is a directory, not a GGUF file")
-    try:
-        with open(p, "rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise ModelLoadError(f"{p}: cannot read ({e.strerror})") from None
-    if not head:
-        raise ModelLoadError(f"{p}: empty file (0 bytes), not a GGUF model")
-    if head[:4] != GGUF_MAGIC:
-        raise ModelLoadError(f"{p}: not a GGUF file (no 'GGUF' magic at the start)")
-    if len(head) < 8:
-        raise ModelLoadError(f"{p}: truncated GGUF ({len(head)} bytes, the header alone needs 24)")
-    return p
-
 
 def file_type_name(ftype: int) -> str:
     try:
