@@ -71,8 +71,10 @@ class Stats:
     catchup_calls: int = 0  # batched draft decodes of more than one pending token
     catchup_tokens: int = 0
     seconds_prompt: float = 0.0
-    seconds_draft: float = 0.0
-    seconds_target: float = 0.0
+    seconds_draft: float = 0.0  # inside draft decodes, prompt included
+    seconds_target: float = 0.0  # inside target decodes, prompt included
+    seconds_prompt_draft: float = 0.0  # the prompt's share of seconds_draft
+    seconds_prompt_target: float = 0.0  # the prompt's share of seconds_target
     seconds_controller: float = 0.0
     seconds_total: float = 0.0
     tokens_per_s: float = 0.0  # generated tokens / (total - prompt) seconds
@@ -200,6 +202,7 @@ def generate(
     elif mode == "easd-tf":
         draft.rollback(draft.common_prefix(prompt[:-1]))  # gate off: the draft is never consulted
     stats.seconds_prompt = time.perf_counter() - t_start
+    stats.seconds_prompt_draft, stats.seconds_prompt_target = clock.draft, clock.target
     budget = cfg.max_tokens
     ctx_limit = min(main.n_ctx, draft.n_ctx) if mode in ("sd", "easd", "easd-tf") else main.n_ctx
     stop_reason = "length"

@@ -66,7 +66,7 @@ def main() -> int:
     pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads))
     load_s = time.perf_counter() - t0
     problems = load_dataset("gsm8k", limit=a.n_prompts)
-    agg = {m: dict(tokens=0, gen_s=0.0, total_s=0.0, prompt_s=0.0, ctrl_s=0.0, draft_s=0.0, target_s=0.0, drafted=0,
+    agg = {m: dict(tokens=0, gen_s=0.0, total_s=0.0, prompt_s=0.0, target_gen_s=0.0, draft_gen_s=0.0, ctrl_s=0.0, draft_s=0.0, target_s=0.0, drafted=0,
                    draft_accepted=0, fires=0, consults=0, target_calls=0, catchup_tokens=0) for m in modes}
     per_prompt = {m: [] for m in modes}
     for prob in problems:
@@ -82,6 +82,9 @@ def main() -> int:
             g["gen_s"] += s.seconds_total - s.seconds_prompt
             g["total_s"] += s.seconds_total
             g["prompt_s"] += s.seconds_prompt
+            # decode seconds after the prompt (the prompt's decodes are all in seconds_prompt)
+            g["target_gen_s"] += s.seconds_target - s.seconds_prompt_target
+            g["draft_gen_s"] += s.seconds_draft - s.seconds_prompt_draft
             g["ctrl_s"] += s.seconds_controller
             g["draft_s"] += s.seconds_draft
             g["target_s"] += s.seconds_target
@@ -100,6 +103,11 @@ def main() -> int:
             # prompt included: what a user waits for end to end
             tokens_per_s_e2e=round(g["tokens"] / g["total_s"], 2) if g["total_s"] else 0.0,
             prompt_s=round(g["prompt_s"] / len(problems), 3),
+            # where a generated token's time goes (prompt excluded): the ratio to target-only
+            # decomposes into these
+            ms_per_token={k: round(1000 * v / g["tokens"], 2) if g["tokens"] else 0.0 for k, v in (
+                ("target", g["target_gen_s"]), ("draft", g["draft_gen_s"]),
+                ("other", g["gen_s"] - g["target_gen_s"] - g["draft_gen_s"]))},
             controller_share=round(g["ctrl_s"] / g["total_s"], 4) if g["total_s"] else 0.0,
             acceptance=round(g["draft_accepted"] / g["drafted"], 3) if g["drafted"] else None,
             easd_fires_per_100=round(100 * g["fires"] / g["tokens"], 2) if g["tokens"] else 0.0,
@@ -129,11 +137,13 @@ def main() -> int:
           f"tau_d={base.tau_draft:g} tau_t={base.tau_target:g} ({tau_source}); load avg {out['loadavg']:.2f}")
     print("tok/s: generated tokens / generation seconds (prompt excluded, as llama.cpp's eval rate); "
           "e2e: prompt included; prompt s: mean per question")
-    hdr = f"{'mode':8} {'tokens':>7} {'tok/s':>8} {'e2e':>6} {'prompt s':>8} {'ctrl%':>6} {'accept':>7} {'fires/100':>9} {'consult':>8} {'tok/verify':>10}"
+    print("ms/token: generation time per generated token inside target decodes / draft decodes / elsewhere")
+    hdr = f"{'mode':8} {'tokens':>7} {'tok/s':>8} {'e2e':>6} {'prompt s':>8} {'ms/token t/d/other':>19} {'ctrl%':>6} {'accept':>7} {'fires/100':>9} {'consult':>8} {'tok/verify':>10}"
     print(hdr)
     for m, r in rows.items():
         f = lambda v, fmt: (fmt.format(v) if v is not None else "-")  # noqa: E731
         print(f"{m:8} {r['tokens']:>7} {r['tokens_per_s']:>8.2f} {r['tokens_per_s_e2e']:>6.2f} {r['prompt_s']:>8.3f} "
+              f"{'/'.join(format(r['ms_per_token'][k], '.1f') for k in ('target', 'draft', 'other')):>19} "
               f"{100 * r['controller_share']:>5.1f}% "
               f"{f(r['acceptance'], '{:.3f}'):>7} {r['easd_fires_per_100']:>9.2f} {f(r['draft_consult_rate'], '{:.3f}'):>8} "
               f"{f(r['tokens_per_verify'], '{:.2f}'):>10}")
