@@ -74,26 +74,29 @@ def measure_pair(draft: str, target: str, args) -> dict:
         load_s[role] = time.perf_counter() - t0
     after_load = _rss()
 
+    # two kinds of batch: a verify (logits at every position) and a catch-up / prefill
+    # (logits at the last position only: one output-layer row instead of k)
     timings: dict[str, dict[str, float]] = {}
+    timings_last: dict[str, dict[str, float]] = {}
     for role in ("draft", "target"):
         m = loaded[role]
         toks = _prompt(m, args.prompt_tokens)
         prompt, cont = toks[: args.prompt_tokens], toks[args.prompt_tokens:]
         m.reset()
         m.decode(prompt, logits_at=())
-        timings[role] = {}
+        timings[role], timings_last[role] = {}, {}
         for k in SIZES:
             block = cont[:k]
-            at = tuple(range(k))
-            samples = []
-            for rep in range(args.warmup + args.reps):
-                t0 = time.perf_counter()
-                m.decode(block, logits_at=at)
-                dt = time.perf_counter() - t0
-                m.rollback(args.prompt_tokens)
-                if rep >= args.warmup:
-                    samples.append(dt)
-            timings[role][str(k)] = statistics.median(samples) * 1e3
+            for table, at in ((timings, tuple(range(k))), (timings_last, (k - 1,))):
+                samples = []
+                for rep in range(args.warmup + args.reps):
+                    t0 = time.perf_counter()
+                    m.decode(block, logits_at=at)
+                    dt = time.perf_counter() - t0
+                    m.rollback(args.prompt_tokens)
+                    if rep >= args.warmup:
+                        samples.append(dt)
+                table[role][str(k)] = statistics.median(samples) * 1e3
     after_run = _rss()
     facts = {role: loaded[role].facts() for role in ("draft", "target")}
     for m in loaded.values():
@@ -110,6 +113,7 @@ def measure_pair(draft: str, target: str, args) -> dict:
         "settings": {"threads": opts.threads(), "gpu_layers": args.gpu_layers, "ctx": args.ctx,
                      "prompt_tokens": args.prompt_tokens, "reps": args.reps, "warmup": args.warmup},
         "decode_ms_median": timings,
+        "decode_last_ms_median": timings_last,
         "memory_kib": {"before_load": base, "after_load": after_load, "after_decodes": after_run},
     }
 
@@ -153,6 +157,10 @@ def render(results: list[dict]) -> str:
         for role in ("draft", "target"):
             row = res["decode_ms_median"][role]
             lines.append(f"   {role + ' (ms/token)':<20}" + "".join(f"{row[str(k)] / k:>11.2f}" for k in SIZES))
+        lines.append(f"   {'logits at the last position only (catch-up / prefill):'}")
+        for role in ("draft", "target"):
+            row = res["decode_last_ms_median"][role]
+            lines.append(f"   {role + ' (ms)':<20}" + "".join(f"{row[str(k)]:>11.2f}" for k in SIZES))
         mem = res["memory_kib"]
         a, b = mem["after_load"], mem["before_load"]
         lines.append(f"   memory after loading both: peak RSS {_mib(a['peak_rss_kib'])}, current RSS "
