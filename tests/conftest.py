@@ -61,3 +61,12 @@ def tiny_target_q4(tiny_models) -> Path:
 @pytest.fixture(scope="session")
 def tiny_odd(tiny_models) -> Path:
     return tiny_models["odd"]
+
+
+@pytest.fixture
+def easd_home(tmp_path, monkeypatch) -> Path:
+    """A fresh EASD_LOCAL_HOME under tmp_path and the built-in catalog only."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(home))
+    monkeypatch.delenv("EASD_LOCAL_CATALOG", raising=False)
+    return home

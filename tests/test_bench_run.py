@@ -29,10 +29,7 @@ runner = CliRunner()
 FAST = ["--max-tokens", "12", "--ctx", "1024", "--threads", "1"]
 
 
-@pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("EASD_LOCAL_CATALOG", raising=False)
+pytestmark = pytest.mark.usefixtures("easd_home")
 
 
 def bench(*args):

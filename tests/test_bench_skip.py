@@ -18,10 +18,7 @@ runner = CliRunner()
 MODES = ("target", "sd", "easd")
 
 
-@pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("EASD_LOCAL_CATALOG", raising=False)
+pytestmark = pytest.mark.usefixtures("easd_home")
 
 
 def bench(*args):

@@ -21,11 +21,8 @@ NO_FLAGS = {"tau_draft": None, "tau_target": None}
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    h = tmp_path / "home"
-    monkeypatch.setenv("EASD_LOCAL_HOME", str(h))
-    monkeypatch.delenv("EASD_LOCAL_CATALOG", raising=False)
-    return h
+def home(easd_home) -> Path:
+    return easd_home
 
 
 @pytest.fixture
