@@ -115,6 +115,8 @@ class SessionTotals:
     target_calls: int = 0  # verify calls of sd/easd turns
     sd_tokens: int = 0  # tokens of sd/easd turns (for the mean accepted length)
     easd_fires: int = 0
+    tf_tokens: int = 0  # tokens of easd-tf turns
+    draft_consults: int = 0  # easd-tf positions where the draft was consulted
     seconds_gen: float = 0.0  # generation time (excluding prompt evaluation)
     seconds_prompt: float = 0.0
     prompt_tokens: int = 0
@@ -127,6 +129,9 @@ class SessionTotals:
         if s.mode in ("sd", "easd"):
             self.target_calls += s.target_calls
             self.sd_tokens += s.tokens
+        if s.mode == "easd-tf":
+            self.tf_tokens += s.tokens
+            self.draft_consults += s.draft_consults
         self.easd_fires += s.easd_fires
         self.seconds_gen += max(0.0, s.seconds_total - s.seconds_prompt)
         self.seconds_prompt += s.seconds_prompt
@@ -140,6 +145,8 @@ class SessionTotals:
             "tokens_per_s": self.tokens / self.seconds_gen if self.seconds_gen > 0 else 0.0,
             "acceptance_rate": self.draft_accepted / self.drafted if self.drafted else 0.0,
             "mean_accepted_len": self.sd_tokens / self.target_calls if self.target_calls else 0.0,
+            "drafted": self.drafted,
+            "draft_consult_rate": self.draft_consults / self.tf_tokens if self.tf_tokens else None,
             "easd_fires": self.easd_fires,
             "easd_fires_per_100": 100.0 * self.easd_fires / self.tokens if self.tokens else 0.0,
             "seconds_generating": self.seconds_gen,
@@ -446,11 +453,18 @@ class ChatSession:
 
     def _cmd_stats(self, arg: str) -> CommandResult:
         s = self.stats()
+        # only the figures that the modes used so far have: acceptance for SD turns,
+        # consults for target-first turns
+        spec = []
+        if s["drafted"]:
+            spec.append(f"accepted {100 * s['acceptance_rate']:.0f}% · mean accepted {s['mean_accepted_len']:.2f}/verify")
+        if s["draft_consult_rate"] is not None:
+            spec.append(f"draft consulted at {100 * s['draft_consult_rate']:.0f}% of easd-tf positions")
+        spec.append(f"EASD fires {s['easd_fires']} ({s['easd_fires_per_100']:.1f}/100 tokens)")
         lines = [
             f"turns {s['turns']} ({s['interrupted']} interrupted) · {s['tokens']} tokens · "
             f"{s['tokens_per_s']:.1f} tok/s",
-            f"accepted {100 * s['acceptance_rate']:.0f}% · mean accepted {s['mean_accepted_len']:.2f}/verify · "
-            f"EASD fires {s['easd_fires']} ({s['easd_fires_per_100']:.1f}/100 tokens)",
+            " · ".join(spec),
             f"history {s['context_tokens']} tokens rendered · context {s['n_ctx']} · "
             f"{s['messages_in_context']}/{s['messages']} messages in context · thresholds: {s['thresholds_source']}",
             "settings: " + " ".join(f"{k.replace('_', '-')}={v}" for k, v in s["settings"].items()),

@@ -347,6 +347,26 @@ def test_session_commands(tiny_target, tmp_path):
         s.close()
 
 
+def test_stats_shows_the_figures_of_the_modes_used(tiny_draft, tiny_target, tmp_path):
+    # tiny-pair entropies are 1-2 nats: these thresholds make easd-tf consult the draft
+    pair, s = _session(tiny_draft, tiny_target, tmp_path, mode="target", temperature=0.0,
+                       tau_draft=0.5, tau_target=1.0, overlap=0.2)
+    with pair:
+        _drain(s.send("hello"))
+        line = s.command("/stats").message.splitlines()[1]
+        assert "accepted" not in line and "consulted" not in line  # target turns have neither
+        assert s.command("/mode easd-tf").ok
+        _drain(s.send("and again"))
+        st = s.command("/stats")
+        assert "accepted" not in st.message and "draft consulted at" in st.message
+        assert 0 < st.data["draft_consult_rate"] <= 1
+        assert s.command("/mode sd").ok
+        _drain(s.send("once more"))
+        st = s.command("/stats")
+        assert "accepted" in st.message and "draft consulted at" in st.message
+        s.close()
+
+
 def test_auto_mode_picks_the_path_for_the_hardware():
     from easd_local.chat import auto_mode
 
