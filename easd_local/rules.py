@@ -439,50 +439,57 @@ def verify_block(
     n_acc = n_rej = 0
     fired = False
 
+    # The four outcomes of a position, greedy or sampled; the loop below is shared so that
+    # both follow the same order: test, then gate, then (at the end) the bonus.
     if cfg.greedy:
         best = greedy(zt)
-        for i in range(g):
-            di = int(d[i])
-            if di != int(best[i]):
-                tokens.append(int(best[i]))
-                origins.append("target")
-                n_rej = 1
-                break
-            n_acc += 1
-            if fires(i):
-                tokens.append(runner_up(zt[i], di))
-                origins.append("easd")
-                fired = True
-                break
-            tokens.append(di)
-            origins.append("draft")
-        else:
-            tokens.append(int(best[g]))
-            origins.append("bonus")
+
+        def accepts(i: int, di: int) -> bool:
+            return di == int(best[i])
+
+        def on_reject(i: int) -> int:
+            return int(best[i])
+
+        def on_gate(i: int, di: int) -> int:
+            return runner_up(zt[i], di)
+
+        def on_bonus() -> int:
+            return int(best[g])
     else:
         T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
         p = sampling_probs(zt, T, K, P)
         q = sampling_probs(zd, T, K, P) if g else None
-        for i in range(g):
-            di = int(d[i])
-            if not sd_accept(p[i, di], q[i, di], rng.random()):
-                tokens.append(sample(residual(p[i], q[i]), rng))
-                origins.append("target")
-                n_rej = 1
-                break
-            n_acc += 1
-            if fires(i):
-                row = zt[i]
-                pen = penalize(p[i], di, cfg.penalty, fallback=lambda: sampling_probs(row, T))
-                tokens.append(sample(pen, rng))
-                origins.append("easd")
-                fired = True
-                break
-            tokens.append(di)
-            origins.append("draft")
-        else:
-            tokens.append(sample(p[g], rng))
-            origins.append("bonus")
+
+        def accepts(i: int, di: int) -> bool:
+            return sd_accept(p[i, di], q[i, di], rng.random())
+
+        def on_reject(i: int) -> int:
+            return sample(residual(p[i], q[i]), rng)
+
+        def on_gate(i: int, di: int) -> int:
+            return sample(penalize(p[i], di, cfg.penalty, fallback=lambda: sampling_probs(zt[i], T)), rng)
+
+        def on_bonus() -> int:
+            return sample(p[g], rng)
+
+    for i in range(g):
+        di = int(d[i])
+        if not accepts(i, di):
+            tokens.append(on_reject(i))
+            origins.append("target")
+            n_rej = 1
+            break
+        n_acc += 1
+        if fires(i):
+            tokens.append(on_gate(i, di))
+            origins.append("easd")
+            fired = True
+            break
+        tokens.append(di)
+        origins.append("draft")
+    else:
+        tokens.append(on_bonus())
+        origins.append("bonus")
 
     n_exam = n_acc + n_rej
     return BlockResult(

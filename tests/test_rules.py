@@ -13,28 +13,16 @@ import pytest
 from easd_local import rules as R
 from easd_local.config import DecodeConfig
 
-try:  # tests/ as a package or as a plain directory on sys.path
-    from .fake_models import (
-        chi2_stat,
-        chi2_threshold,
-        draft_block,
-        easd_first_law,
-        make_pair,
-        probs64,
-        q_table,
-        sd_generate,
-    )
-except ImportError:
-    from fake_models import (
-        chi2_stat,
-        chi2_threshold,
-        draft_block,
-        easd_first_law,
-        make_pair,
-        probs64,
-        q_table,
-        sd_generate,
-    )
+from fake_models import (  # tests/ is on sys.path (rootdir conftest), not a package
+    chi2_stat,
+    chi2_threshold,
+    draft_block,
+    easd_first_law,
+    make_pair,
+    probs64,
+    q_table,
+    sd_generate,
+)
 
 GATE_ALWAYS = dict(tau_draft=0.0, tau_target=0.0, overlap=0.0)
 GATE_NEVER = dict(tau_draft=math.inf, tau_target=math.inf, overlap=0.0)
