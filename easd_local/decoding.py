@@ -144,6 +144,12 @@ def _prefill(model: Model, prompt: Sequence[int]) -> None:
         model.decode(rest, logits_at=())
 
 
+def fits_context(n_prompt: int, n_ctx: int) -> bool:
+    """Whether a prompt of ``n_prompt`` tokens can be decoded in ``n_ctx``: the prompt
+    and room for at least one generated token."""
+    return n_prompt + 1 <= n_ctx
+
+
 def _probs_max(z: np.ndarray) -> float:
     m = float(z.max())
     return 1.0 / float(np.exp(z - m, dtype=np.float32).sum())
@@ -173,9 +179,10 @@ def generate(
         raise ConfigError("empty prompt")
     main = draft if mode == "draft" else target
     V = n_vocab or min(m.n_vocab for m in (target, draft) if m is not None)
-    if len(prompt) + 1 > main.n_ctx or (needs_draft and mode != "draft" and len(prompt) + 1 > draft.n_ctx):
+    n_ctx = min(main.n_ctx, draft.n_ctx) if needs_draft and mode != "draft" else main.n_ctx
+    if not fits_context(len(prompt), n_ctx):
         raise ContextOverflowError(
-            f"prompt is {len(prompt)} tokens but the context holds {main.n_ctx}; shorten it or raise --ctx"
+            f"prompt is {len(prompt)} tokens but the context holds {n_ctx}; shorten it or raise --ctx"
         )
     gate_on = cfg.gate_enabled
     rng = np.random.default_rng(cfg.seed)

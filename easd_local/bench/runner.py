@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .. import decoding
 from ..config import MODES, DecodeConfig, field_name, parse_value
-from ..errors import ConfigError, ContextOverflowError
+from ..errors import ConfigError
 from ..pair import open_models
 from ..resolve import PairSpec, resolve_config, resolve_pair
 from ..runtime import LoadOptions
@@ -454,12 +454,6 @@ def context_reason(n_ctx: int) -> str:
     return f"prompt longer than the context ({n_ctx} tokens)"
 
 
-def prompt_fits(n_prompt: int, n_ctx: int) -> bool:
-    # the test decoding.generate makes (the prompt and room for one generated token), made
-    # once per problem against the smallest context loaded, so that every method skips it
-    return n_prompt + 1 <= n_ctx
-
-
 def skip_summary(skips: Sequence[Skipped]) -> list[str]:
     """One line per reason, e.g. "2 problems skipped: prompt longer than the context (4096
     tokens)"; a problem skipped on several pairs counts once."""
@@ -535,11 +529,13 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
             n_ctx = min(m.n_ctx for m in present)
             for prob, runs in todo:
                 prompt = main.chat_tokens(build_messages(prob.question))
-                if not prompt_fits(len(prompt), n_ctx):
+                # decoding.generate's own test, made once per problem against the smallest
+                # context loaded, so that every method skips it
+                if not decoding.fits_context(len(prompt), n_ctx):
                     detail = f"its prompt is {len(prompt)} tokens"
                     yield Skipped(pr.label, prob, context_reason(n_ctx), detail, len(runs))
                     continue
-                for i, run in enumerate(runs):
+                for run in runs:
                     yield Working(pr.label, prob, run.method.name)
                     # Fresh caches before every generation. Decoding would otherwise reuse
                     # the prompt the previous method left in the KV cache, so every method
@@ -548,14 +544,10 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                     # makes each method pay for its own prompt.
                     for m in present:
                         m.reset()
-                    try:
-                        fin, _events = decoding.run(
-                            models.target, models.draft, prompt, run.cfg,
-                            n_vocab=models.n_vocab, thresholds_source=run.source,
-                        )
-                    except ContextOverflowError as e:  # the same test as prompt_fits: not expected
-                        yield Skipped(pr.label, prob, context_reason(n_ctx), str(e), len(runs) - i)
-                        break
+                    fin, _events = decoding.run(
+                        models.target, models.draft, prompt, run.cfg,
+                        n_vocab=models.n_vocab, thresholds_source=run.source,
+                    )
                     correct, extracted = is_correct(fin.text, prob.gold, prob.grader)
                     row = make_row(
                         dataset=prob.dataset, qid=prob.qid, index=prob.index, method=run.method.name,

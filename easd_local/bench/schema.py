@@ -120,14 +120,10 @@ class ResultRow(TypedDict):
     stats: RowStats
 
 
-# a number as the results file stores it (non-finite -> "inf" / "-inf" / null)
-stored_number = json_number
-
-
 def stored_config(config: dict[str, Any]) -> dict[str, Any]:
     """A decoding configuration (flat: field -> value) as the results file stores it. Also
     the form to compare configurations in: an old file's float inf and "inf" become equal."""
-    return {k: stored_number(v) for k, v in config.items()}
+    return {k: json_number(v) for k, v in config.items()}
 
 
 def read_number(value: Any) -> float | None:
