@@ -66,9 +66,8 @@ def main() -> int:
     pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads))
     load_s = time.perf_counter() - t0
     problems = load_dataset("gsm8k", limit=a.n_prompts)
-    agg = {m: dict(tokens=0, gen_s=0.0, total_s=0.0, prompt_s=0.0, target_gen_s=0.0, draft_gen_s=0.0, ctrl_s=0.0, draft_s=0.0, target_s=0.0, drafted=0,
+    agg = {m: dict(tokens=0, gen_s=0.0, total_s=0.0, prompt_s=0.0, target_gen_s=0.0, draft_gen_s=0.0, ctrl_s=0.0, drafted=0,
                    draft_accepted=0, fires=0, consults=0, target_calls=0, catchup_tokens=0) for m in modes}
-    per_prompt = {m: [] for m in modes}
     for prob in problems:
         prompt = pair.target.chat_tokens(build_messages(prob.question))
         for m in modes:
@@ -86,15 +85,12 @@ def main() -> int:
             g["target_gen_s"] += s.seconds_target - s.seconds_prompt_target
             g["draft_gen_s"] += s.seconds_draft - s.seconds_prompt_draft
             g["ctrl_s"] += s.seconds_controller
-            g["draft_s"] += s.seconds_draft
-            g["target_s"] += s.seconds_target
             g["drafted"] += s.drafted
             g["draft_accepted"] += s.draft_accepted
             g["fires"] += s.easd_fires
             g["consults"] += s.draft_consults
             g["target_calls"] += s.target_calls
             g["catchup_tokens"] += s.catchup_tokens
-            per_prompt[m].append(s.tokens_per_s)
     rows = {}
     for m, g in agg.items():
         tps = g["tokens"] / g["gen_s"] if g["gen_s"] else 0.0
