@@ -8,7 +8,6 @@ with ``easd-local models add`` live in ``<home>/user-catalog.json``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -23,6 +22,7 @@ else:  # pragma: no cover
 
 from . import paths
 from .errors import ConfigError, ModelLoadError
+from . import filehash
 from .gguf_file import check_gguf_file
 
 ROLES = ("draft", "target")
@@ -238,25 +238,6 @@ def is_present(entry: ModelEntry) -> bool:
 
 # ------------------------------------------------------------------ user additions
 
-BLOCK = 1 << 20
-
-
-def hash_file(path: Path, progress: Callable[[int, int], None] | None = None) -> tuple[int, str]:
-    """``(size, sha256 hex)`` of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    total = path.stat().st_size
-    done = 0
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(BLOCK)
-            if not block:
-                break
-            h.update(block)
-            done += len(block)
-            if progress is not None:
-                progress(done, total)
-    return done, h.hexdigest()
-
 
 def add_user_model(
     name: str,
@@ -283,7 +264,8 @@ def add_user_model(
         check_gguf_file(p)
     except ModelLoadError as e:
         raise ConfigError(str(e)) from None
-    size, sha = hash_file(p, progress)
+    size = p.stat().st_size
+    sha = filehash.sha256_of(p, progress=progress)  # cached: later commands do not re-read it
     record = {
         "file": p.name,
         "path": str(p),

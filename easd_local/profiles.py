@@ -7,9 +7,8 @@ Precedence everywhere: a flag given on the command line > the user's profile for
 A pair is identified by the sha256 of its two files, never by their paths: a profile
 follows the files wherever they are (catalog cache, a user's download, a symlink) and is
 not applied to a different file that happens to have the same name. For catalog models
-the catalog's sha256 is used; other files are hashed once and the hash is cached in
-``<home>/hash-cache.json`` keyed by resolved path, size and mtime, so a 1 GB model is read
-once, not on every command. Hashing is skipped entirely when no profile (user or catalog)
+the catalog's sha256 is used; other files are hashed once and the hash is cached
+(``filehash``), so a 1 GB model is read once, not on every command. Hashing is skipped entirely when no profile (user or catalog)
 has the right file sizes, so commands on uncalibrated pairs never pay for it.
 
 User profiles are small JSON files in ``paths.profiles_dir()`` named
@@ -20,23 +19,16 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import paths
-from .catalog import hash_file
+from . import filehash, paths
 from .config import DecodeConfig
 from .fsutil import write_json_atomic
 from .errors import ConfigError
 
 PROFILE_SCHEMA = 1
-HASH_CACHE_NAME = "hash-cache.json"
-# files at least this big get their sha256 cached (smaller ones are hashed every time:
-# cheaper than a cache lookup that could go stale)
-HASH_CACHE_MIN_BYTES = 16 << 20
-_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -70,42 +62,6 @@ def _from_mapping(d: Mapping[str, Any], source: str, kind: str = "catalog", path
 # ------------------------------------------------------------------------------ hashing
 
 
-def hash_cache_path() -> Path:
-    return paths.home() / HASH_CACHE_NAME
-
-
-def _read_hash_cache() -> dict[str, Any]:
-    try:
-        data = json.loads(hash_cache_path().read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a file; for big files cached by (resolved path, size, mtime_ns)."""
-    p = Path(path).expanduser().resolve()
-    st = p.stat()
-    key = str(p)
-    if st.st_size >= HASH_CACHE_MIN_BYTES:
-        with _LOCK:
-            rec = _read_hash_cache().get(key)
-        if isinstance(rec, dict) and rec.get("size") == st.st_size and rec.get("mtime_ns") == st.st_mtime_ns:
-            sha = rec.get("sha256")
-            if isinstance(sha, str) and len(sha) == 64:
-                return sha
-    _, sha = hash_file(p)
-    if st.st_size >= HASH_CACHE_MIN_BYTES:
-        with _LOCK:
-            cache = _read_hash_cache()
-            cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
-            try:
-                write_json_atomic(hash_cache_path(), cache)
-            except OSError:
-                pass  # a read-only home only costs a re-hash next time
-    return sha
-
-
 def file_id(path: str | os.PathLike, model_entry=None) -> FileId:
     """A file's identity: the catalog's sha256 when the file is that catalog model (same
     size), else its own (cached) hash."""
@@ -113,7 +69,7 @@ def file_id(path: str | os.PathLike, model_entry=None) -> FileId:
     size = p.stat().st_size
     if model_entry is not None and getattr(model_entry, "size", None) == size and getattr(model_entry, "sha256", None):
         return FileId(model_entry.sha256, size, p.name)
-    return FileId(file_sha256(p), size, p.name)
+    return FileId(filehash.sha256_of(p), size, p.name)
 
 
 # ------------------------------------------------------------------------ user profiles

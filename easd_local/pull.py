@@ -14,7 +14,8 @@ Sources are tried in the entry's order (``hf``, then ``pypi`` for the built-in m
 Bytes go to ``<file>.part-<pid>`` beside the final file, are hashed on the way, and the
 temp is ``os.replace``-d into place only when size and sha256 match. Any interruption
 removes the temp; nothing ever appears under the final name unverified. A verified file
-gets a ``<file>.verified`` stamp (size, mtime, sha256) so later pulls are no-ops.
+gets a ``<file>.verified`` stamp (size, mtime, sha256) so later pulls are no-ops, and its
+sha256 goes into the file-hash cache (``filehash.record``), so provenance never re-reads it.
 
 This module never prints: progress goes to a ``(bytes_done, bytes_total, message)`` callback.
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from . import filehash
 from .catalog import ModelEntry, PairEntry, is_present, local_path
 from .errors import PullError
 
@@ -257,6 +259,14 @@ def _write_stamp(entry: ModelEntry, dest: Path) -> None:
         pass  # a missing stamp only costs a re-hash next time
 
 
+def _record(entry: ModelEntry, dest: Path) -> None:
+    """The file was just checked against the catalog's sha256: cache that hash."""
+    try:
+        filehash.record(dest, entry.sha256)
+    except OSError:
+        pass  # only costs a hash later
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -288,6 +298,7 @@ def verify_file(entry: ModelEntry, progress: Progress | None = None) -> bool:
     """Full size + sha256 check of the local file; stamps it when it matches."""
     dest = local_path(entry)
     if _stamp_ok(entry, dest):
+        _record(entry, dest)
         return True
     if not is_present(entry):
         return False
@@ -303,6 +314,7 @@ def verify_file(entry: ModelEntry, progress: Progress | None = None) -> bool:
         return False
     if not entry.user:
         _write_stamp(entry, dest)
+    _record(entry, dest)
     return True
 
 
@@ -377,6 +389,7 @@ def pull_model(
             else:
                 os.replace(tmp, dest)
                 _write_stamp(entry, dest)
+                _record(entry, dest)
                 if progress is not None:
                     progress(entry.size, entry.size, f"{entry.name}: verified")
                 return dest
@@ -410,6 +423,9 @@ def ensure_pair(
     Raises PullError if the user declines or a pull fails.
     """
     missing = missing_models([pair_entry.draft, pair_entry.target])
+    for e in (pair_entry.draft, pair_entry.target):
+        if e not in missing and _stamp_ok(e, local_path(e)):
+            _record(e, local_path(e))  # pulled before the hash cache existed: a stat, no hashing
     total = sum(e.size for e in missing)
     if total > CONFIRM_ABOVE_BYTES and not confirm(total):
         raise PullError(

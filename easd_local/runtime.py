@@ -101,6 +101,14 @@ class LoadOptions:
     def threads(self) -> int:
         return self.n_threads if self.n_threads and self.n_threads > 0 else (os.cpu_count() or 4)
 
+    def batch_sizes(self, n_ctx: int | None = None) -> tuple[int, int]:
+        """(n_batch, n_ubatch) of the context these options create (``n_ctx``: the context
+        size when ``self.n_ctx`` is 0, i.e. the model's own)."""
+        ctx = self.n_ctx if self.n_ctx > 0 else (n_ctx or 0)
+        n_batch = min(self.n_batch, ctx) if ctx > 0 else self.n_batch
+        # one ubatch per batch: a verify block is evaluated in one graph
+        return n_batch, n_batch
+
 
 @dataclass(frozen=True)
 class ModelFacts:
@@ -147,6 +155,20 @@ def gpu_offload_supported() -> bool:
     return bool(_ll.llama_supports_gpu_offload())
 
 
+def system_info() -> str:
+    """llama.cpp's own ``llama_print_system_info()``: each compiled-in backend and its
+    features, e.g. ``"CPU : SSE3 = 1 | AVX2 = 1 | ... | OPENMP = 1 | "``."""
+    raw = _ll.llama_print_system_info()
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw or "")
+    return text.strip()
+
+
+def backends(info: str) -> list[str]:
+    """The backend names in a ``system_info()`` string, in llama.cpp's order (["CUDA",
+    "CPU"]): each backend's section starts with ``NAME : ``."""
+    return [item.split(" : ", 1)[0].strip() for item in info.split("|") if " : " in item]
+
+
 # --------------------------------------------------------------------------- the model
 class Model:
     """A loaded GGUF model with one llama.cpp context (one sequence, id 0).
@@ -185,9 +207,7 @@ class Model:
         cparams = _ll.llama_context_default_params()
         n_ctx = opts.n_ctx if opts.n_ctx > 0 else self.n_ctx_train
         cparams.n_ctx = n_ctx
-        cparams.n_batch = min(opts.n_batch, n_ctx)
-        # one ubatch per batch: a verify block is evaluated in one graph
-        cparams.n_ubatch = cparams.n_batch
+        cparams.n_batch, cparams.n_ubatch = opts.batch_sizes(n_ctx)
         cparams.n_seq_max = 1
         cparams.n_threads = opts.threads()
         cparams.n_threads_batch = opts.threads()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from easd_local import calibrate as cal
-from easd_local import profiles
+from easd_local import filehash, profiles
 from easd_local.catalog import ModelEntry, PairEntry
 from easd_local.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, DecodeConfig
 from easd_local.errors import ConfigError
@@ -123,7 +123,7 @@ def test_cli_refuses_test_split_before_loading_models(cli, tmp_path):
 
 
 def _entry(name, path: Path) -> ModelEntry:
-    sha = profiles.file_sha256(path)
+    sha = filehash.sha256_of(path)
     return ModelEntry(name=name, file=path.name, size=path.stat().st_size, sha256=sha)
 
 
@@ -188,27 +188,13 @@ def test_catalog_profile_found_for_plain_paths(home, tmp_path, monkeypatch, tiny
     assert profiles.find_profile(tiny_target, tiny_draft) is None
 
 
-def test_hash_cache_is_used_and_invalidated(home, tmp_path, monkeypatch):
-    monkeypatch.setattr(profiles, "HASH_CACHE_MIN_BYTES", 0)
-    f = tmp_path / "m.gguf"
-    f.write_bytes(b"GGUF" + b"x" * 1000)
-    sha = profiles.file_sha256(f)
-    cache = json.loads(profiles.hash_cache_path().read_text())
-    assert cache[str(f.resolve())]["sha256"] == sha
-    # a cached entry is trusted while size and mtime are unchanged ...
-    cache[str(f.resolve())]["sha256"] = "0" * 64
-    profiles.hash_cache_path().write_text(json.dumps(cache))
-    assert profiles.file_sha256(f) == "0" * 64
-    # ... and recomputed when the file changes
-    f.write_bytes(b"GGUF" + b"y" * 1001)
-    assert profiles.file_sha256(f) not in (sha, "0" * 64)
 
 
 def test_no_hashing_without_a_candidate_profile(home, monkeypatch, tiny_draft, tiny_target):
     def boom(*a, **k):
         raise AssertionError("hashed although no profile has these sizes")
 
-    monkeypatch.setattr(profiles, "file_sha256", boom)
+    monkeypatch.setattr(profiles.filehash, "sha256_of", boom)
     assert profiles.find_profile(tiny_draft, tiny_target) is None
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from easd_local import filehash
 from easd_local import pull as P
 from easd_local.catalog import ModelEntry, PairEntry, is_present, local_path
 from easd_local.errors import PullError
@@ -394,6 +395,20 @@ def test_ensure_pair_small_download_does_not_ask(home, mirror):
     pair = PairEntry(name="p", draft=mirror.small, target=mirror.small)
     d, t = P.ensure_pair(pair, confirm=lambda n: pytest.fail("asked"))
     assert d == t and d.read_bytes() == mirror.small_blob
+
+
+def test_verified_files_hash_is_cached_without_rereading(home, mirror, monkeypatch):
+    path = P.pull_model(mirror.small)
+    assert filehash.lookup(path) == mirror.small.sha256  # recorded by the verified pull
+    # a file pulled before the hash cache existed (stamp only): ensure_pair records it from the stamp
+    filehash.cache_path().unlink()
+
+    def no_hashing(*a, **k):
+        raise AssertionError("re-read a verified file to hash it")
+
+    monkeypatch.setattr(filehash, "hash_file", no_hashing)
+    P.ensure_pair(PairEntry(name="p", draft=mirror.small, target=mirror.small), confirm=lambda n: True)
+    assert filehash.sha256_of(path) == mirror.small.sha256
 
 
 # --------------------------------------------------------------------------- the CLI

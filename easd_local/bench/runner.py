@@ -31,16 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .. import decoding
+from .. import decoding, provenance
 from ..config import MODES, DecodeConfig, field_name, parse_value
 from ..errors import ConfigError
 from ..pair import open_models
+from ..provenance import Environment
 from ..resolve import PairSpec, resolve_config, resolve_pair
 from ..runtime import LoadOptions
 from .datasets import Problem
 from .grading import is_correct
 from .prompt import build_messages
-from .schema import make_row, stored_config, validate_row
+from .schema import make_row, row_env, stored_config, validate_row
 
 DEFAULT_MODES = ("target", "sd", "easd")
 DEFAULT_MAX_TOKENS = 1024
@@ -258,6 +259,7 @@ class Plan:
     pairs: list[PairRun]
     target_opts: LoadOptions = LoadOptions()
     draft_opts: LoadOptions | None = None
+    env: Environment | None = None  # recorded in every row (prepare() fills it in)
 
     @property
     def methods(self) -> list[str]:
@@ -278,9 +280,11 @@ def prepare(
     flags: dict[str, Any],
     target_opts: LoadOptions = LoadOptions(),
     draft_opts: LoadOptions | None = None,
+    env: Environment | None = None,
 ) -> Plan:
     """Resolve each method's configuration per pair: method settings > flags > the pair's
-    profile > ``base`` (no model is loaded)."""
+    profile > ``base`` (no model is loaded). ``env``: the run's environment (default:
+    computed from the load options)."""
     given = {k: v for k, v in flags.items() if v is not None}
     pairs = []
     for spec in specs:
@@ -292,7 +296,8 @@ def prepare(
                 raise ConfigError(f"{m.origin} (pair {spec.label}): {e}") from None
             runs.append(MethodRun(m, cfg, source))
         pairs.append(PairRun(spec, runs))
-    return Plan(list(problems), pairs, target_opts, draft_opts)
+    env = env or provenance.environment(target_opts, draft_opts)
+    return Plan(list(problems), pairs, target_opts, draft_opts, env)
 
 
 # -------------------------------------------------------------------- results file
@@ -469,6 +474,26 @@ def _describe_change(old: dict, new: dict) -> str:
     return ", ".join(diffs[:3]) + (", ..." if len(diffs) > 3 else "")
 
 
+def env_mismatch(rows: Sequence[dict], env: Environment, where: str = "the file") -> str | None:
+    """One line saying how ``env`` differs from the environments of ``rows`` (the fields
+    that differ from the last such row's, and how many rows record none); None when every
+    row was made in ``env`` (or there are none)."""
+    now = env.to_dict()
+    unknown = sum(1 for r in rows if row_env(r) is None)
+    differing = [(r, d) for r in rows if row_env(r) is not None
+                 for d in [provenance.env_difference(row_env(r), now)] if d]
+    if not unknown and not differing:
+        return None
+    parts = []
+    if differing:
+        diffs = differing[-1][1]
+        parts.append(f"{len(differing)} of {where}'s {len(rows)} rows come from another environment "
+                     f"({', '.join(diffs[:4])}{', ...' if len(diffs) > 4 else ''})")
+    if unknown:
+        parts.append(f"{unknown} of {where}'s {len(rows)} rows record no environment (written before provenance)")
+    return "this run's environment is not that of its results file: " + "; ".join(parts)
+
+
 def start_info(plan: Plan, out: ResultsFile) -> Started:
     total = 0
     resumed: list[dict] = []
@@ -510,6 +535,10 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
         need_draft = bool(modes - {"target"})
         need_target = bool(modes - {"draft"})
         t0 = time.perf_counter()
+        # hashed before loading: a model file changed under a loaded model would be misnamed
+        # (each file is hashed once; later runs read the hash cache)
+        prov = provenance.collect(pr.spec.draft, pr.spec.target, plan.target_opts, plan.draft_opts,
+                                  env=plan.env).to_dict()
         models = open_models(
             pr.spec.draft if need_draft else None,
             pr.spec.target if need_target else None,
@@ -554,7 +583,7 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                         pair=pr.label, config=run.config, question=prob.question, gold=prob.gold,
                         completion=fin.text, extracted=extracted, correct=correct,
                         # to_dict: strict JSON, a gate that is off (tau inf) stored as "inf"
-                        stats=fin.stats.to_dict(),
+                        stats=fin.stats.to_dict(), provenance=prov, completion_tokens=fin.tokens,
                     )
                     out.append(row)
                     yield RowDone(row)

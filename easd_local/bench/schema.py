@@ -12,6 +12,11 @@ The runner builds rows with :func:`make_row`; the report reads them back through
 named configuration such as ``easd[tau_target=1.5]``. Modes that do not draft write 0 in
 every speculative field. Extra keys (top level or in ``stats``) are allowed and kept.
 
+Rows written since provenance was added also carry ``provenance`` (``provenance.Provenance
+.to_dict()``: ``env_id``, ``env``, and the ``draft`` / ``target`` files with their sha256)
+and ``completion_tokens`` (the generated token ids). Older rows lack both: readers treat
+their environment as unknown (:func:`row_env_id` gives None) and their models as unnamed.
+
 Non-finite numbers: strict JSON has no Infinity or NaN (jq and most non-Python readers
 reject them), so a float that is not finite is stored as the string ``"inf"`` or ``"-inf"``,
 or as null for NaN, in ``stats`` (``decoding.Stats.to_dict`` writes it so) and in ``config``
@@ -76,6 +81,13 @@ TOP_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
+# keys that rows written before they existed lack (name -> allowed types)
+OPTIONAL_TOP_FIELDS: dict[str, tuple[type, ...]] = {
+    "provenance": (dict,),
+    "completion_tokens": (list,),
+}
+
+
 class RowStats(TypedDict):
     tokens: int
     drafted: int
@@ -118,6 +130,9 @@ class ResultRow(TypedDict):
     extracted: str | None
     correct: bool
     stats: RowStats
+    # since provenance (absent in older rows):
+    # provenance: {"env_id": str, "env": {...}, "draft": {...} | None, "target": {...} | None}
+    # completion_tokens: list[int]
 
 
 def stored_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +175,8 @@ def make_row(
     extracted: str | None,
     correct: bool,
     stats: dict[str, Any],
+    provenance: dict[str, Any] | None = None,
+    completion_tokens: list[int] | None = None,
 ) -> dict[str, Any]:
     """Build and validate a row; stats fields not given default to 0 ("" for texts).
 
@@ -181,6 +198,10 @@ def make_row(
         "correct": bool(correct),
         "stats": full,
     }
+    if provenance is not None:
+        row["provenance"] = provenance
+    if completion_tokens is not None:
+        row["completion_tokens"] = [int(t) for t in completion_tokens]
     return validate_row(row)
 
 
@@ -207,6 +228,14 @@ def validate_row(row: Any, where: str = "") -> dict[str, Any]:
             raise _bad(where, f"{key} must be {want}, got {type(value).__name__}")
     if not row["method"]:
         raise _bad(where, "method is empty")
+    for key, types in OPTIONAL_TOP_FIELDS.items():
+        if key in row and not isinstance(row[key], types):
+            raise _bad(where, f"{key} must be {' or '.join(t.__name__ for t in types)}, got {type(row[key]).__name__}")
+    if "provenance" in row:
+        _check_provenance(row["provenance"], where)
+    toks = row.get("completion_tokens")
+    if toks is not None and not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in toks):
+        raise _bad(where, "completion_tokens must be a list of token ids (whole numbers >= 0)")
     stats = row["stats"]
     missing = [k for k in STAT_FIELDS if k not in stats]
     if missing:
@@ -233,3 +262,36 @@ def validate_row(row: Any, where: str = "") -> dict[str, Any]:
         if kind in ("seconds", "rate") and value < 0:
             raise _bad(where, f"stats.{name} must be >= 0, got {value!r}")
     return row
+
+
+def _check_provenance(prov: dict, where: str) -> None:
+    if not isinstance(prov.get("env_id"), str) or not isinstance(prov.get("env"), dict):
+        raise _bad(where, "provenance needs env_id (text) and env (an object)")
+    for role in ("draft", "target"):
+        m = prov.get(role)
+        if m is None:
+            continue
+        if not isinstance(m, dict) or not isinstance(m.get("sha256"), str):
+            raise _bad(where, f"provenance.{role} must be null or an object with a sha256")
+
+
+# ------------------------------------------------------------------ reading provenance
+
+
+def row_env_id(row: dict) -> str | None:
+    """The row's environment id; None for rows written before provenance."""
+    prov = row.get("provenance")
+    return prov.get("env_id") if isinstance(prov, dict) else None
+
+
+def row_env(row: dict) -> dict[str, Any] | None:
+    """The row's environment fields; None for rows written before provenance."""
+    prov = row.get("provenance")
+    return prov.get("env") if isinstance(prov, dict) else None
+
+
+def row_model_sha(row: dict, role: str) -> str | None:
+    """sha256 of the row's ``role`` ("draft" / "target") file; None when not recorded."""
+    prov = row.get("provenance")
+    m = prov.get(role) if isinstance(prov, dict) else None
+    return m.get("sha256") if isinstance(m, dict) else None

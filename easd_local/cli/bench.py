@@ -23,6 +23,7 @@ from rich.text import Text
 from ..bench import report as rep
 from ..bench import runner
 from ..bench.datasets import GRADERS, PRESETS, load_dataset, preset_names
+from .. import provenance
 from ..config import MODES, DecodeConfig
 from ..errors import ConfigError
 from . import options as o
@@ -85,6 +86,10 @@ OutOpt = Annotated[Optional[Path], typer.Option(
     rich_help_panel=P_OUT)]
 ResumeOpt = Annotated[bool, typer.Option(
     "--resume", help="Continue an interrupted run: keep --out's rows and compute only the missing ones.",
+    rich_help_panel=P_OUT)]
+StrictEnvOpt = Annotated[bool, typer.Option(
+    "--strict-env", help="With --resume: refuse (instead of warning) when this run's environment (llama.cpp build, "
+    "threads, batch sizes, offload, machine, code version) differs from that of the file's rows.",
     rich_help_panel=P_OUT)]
 BenchMaxTokOpt = Annotated[Optional[int], typer.Option(
     "--max-tokens", help=f"Maximum tokens per answer (default {runner.DEFAULT_MAX_TOKENS}).", rich_help_panel=P_DECODE)]
@@ -162,7 +167,7 @@ def _need_matplotlib(plot: Path | None) -> None:
 
 def _run(
     dataset, question_key, answer_key, grader, limit, offset, sample, seed, modes, easd_config, sweep,
-    pair, draft, target, yes, out, resume, max_tokens, temperature, top_k, top_p, gamma, draft_p_min,
+    pair, draft, target, yes, out, resume, strict_env, max_tokens, temperature, top_k, top_p, gamma, draft_p_min,
     top_n, overlap, tau_draft, tau_target, penalty, ctx, threads, n_gpu_layers, n_gpu_layers_draft,
     flash_attn, main_gpu, verbose,
 ) -> None:
@@ -187,9 +192,13 @@ def _run(
         err_console.print(Text(f"warning: {dataset} is the calibration split; scores on it are not test scores",
                                style="yellow"))
     results = runner.ResultsFile(out, resume)
+    env = provenance.environment(topts, dopts)
+    env_note = runner.env_mismatch(list(results.rows.values()), env)
+    if env_note and strict_env:  # before any download or model load
+        raise ConfigError(f"{env_note}; --strict-env refuses to mix environments in {out}")
     specs = runner.pair_specs(pair or (), draft or (), target or (), methods,
                               confirm=confirm_download(yes), progress=pull_progress())
-    plan = runner.prepare(problems, specs, methods, base, flags, topts, dopts)
+    plan = runner.prepare(problems, specs, methods, base, flags, topts, dopts, env=env)
 
     with results.open():
         if results.torn_bytes:
@@ -199,6 +208,8 @@ def _run(
         info = next(events)
         assert isinstance(info, runner.Started)
         _announce(info, plan, out)
+        if env_note:
+            err_console.print(Text(f"note: {env_note}; continuing (--strict-env refuses instead)", style="yellow"))
         try:
             skips = _drive(events, info, plan)
         except KeyboardInterrupt:
@@ -295,6 +306,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         seed=(BenchSeedOpt, None), modes=(ModesOpt, None), easd_config=(EasdConfigOpt, None),
         sweep=(SweepOpt, None), pair=(PairsOpt, None), draft=(DraftsOpt, None), target=(TargetsOpt, None),
         yes=(_panel(o.YesOpt, P_MODELS), False), out=(OutOpt, None), resume=(ResumeOpt, False),
+        strict_env=(StrictEnvOpt, False),
         max_tokens=(BenchMaxTokOpt, None), temperature=(_panel(o.TempOpt, P_DECODE), None),
         top_k=(_panel(o.TopKOpt, P_DECODE), None), top_p=(_panel(o.TopPOpt, P_DECODE), None),
         gamma=(_panel(o.GammaOpt, P_DECODE), None), draft_p_min=(_panel(o.PMinOpt, P_DECODE), None),

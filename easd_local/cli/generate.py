@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from .. import provenance
 from ..config import DecodeConfig
 from ..decoding import Finished, generate as decode_stream
 from ..pair import open_models
@@ -100,7 +101,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             if trace is not None:
                 write_jsonl_atomic(trace, trace_rows(events))
             if json_out:
-                obj = {"text": fin.text, "pair": spec.label, **fin.stats.to_dict()}
+                prov = provenance.collect(spec.draft, spec.target, topts, dopts)
+                obj = {"text": fin.text, "pair": spec.label, **fin.stats.to_dict(),
+                       "completion_tokens": fin.tokens, "provenance": prov.to_dict()}
                 out.write(json.dumps(obj, ensure_ascii=False) + "\n")
             else:
                 if fin.tail:

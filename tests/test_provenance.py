@@ -1,0 +1,166 @@
+"""Provenance: the file-hash cache, the environment, and what bench rows and `generate
+--json` record (tiny pair, real llama.cpp); resuming in another environment."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from easd_local import filehash, provenance
+from easd_local.bench import runner as bench_runner
+from easd_local.bench.schema import row_env_id, row_model_sha, validate_row
+from easd_local.cli import app
+from easd_local.runtime import LoadOptions
+
+cli_runner = CliRunner()
+FAST = ["--max-tokens", "8", "--ctx", "512"]
+
+pytestmark = pytest.mark.usefixtures("easd_home")
+
+
+def invoke(*args):
+    return cli_runner.invoke(app, [str(a) for a in args])
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [validate_row(json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+# ------------------------------------------------------------------------ filehash
+
+
+def test_hash_cache_is_used_and_invalidated(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + b"x" * 1000)
+    sha = filehash.sha256_of(f)
+    assert sha == sha256(f) and filehash.lookup(f) == sha
+    cache = json.loads(filehash.cache_path().read_text())
+    assert cache[str(f.resolve())]["sha256"] == sha
+    # a cached entry is trusted while size, mtime and inode are unchanged (never re-read) ...
+    cache[str(f.resolve())]["sha256"] = "0" * 64
+    filehash.cache_path().write_text(json.dumps(cache))
+    assert filehash.sha256_of(f) == "0" * 64
+    # ... and recomputed when the file changes
+    f.write_bytes(b"GGUF" + b"y" * 1001)
+    assert filehash.lookup(f) is None
+    assert filehash.sha256_of(f) == sha256(f)
+
+
+def test_replaced_file_with_same_size_and_mtime_is_rehashed(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + b"a" * 100)
+    filehash.sha256_of(f)
+    st = f.stat()
+    new = tmp_path / "new.gguf"
+    new.write_bytes(b"GGUF" + b"b" * 100)
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(new, f)  # same size and mtime; another inode
+    assert filehash.lookup(f) is None
+    assert filehash.sha256_of(f) == sha256(f)
+
+
+def test_record_and_lookup(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + b"z" * 10)
+    assert filehash.lookup(f) is None
+    filehash.record(f, "AB" * 32)
+    assert filehash.lookup(f) == "ab" * 32 and filehash.sha256_of(f) == "ab" * 32
+    with pytest.raises(ValueError):
+        filehash.record(f, "not a hash")
+
+
+# --------------------------------------------------------------------- environment
+
+
+def test_environment_fields_and_id():
+    env = provenance.environment(LoadOptions(n_ctx=512, n_threads=2, n_batch=256, flash_attn=True))
+    d = env.to_dict()
+    assert (d["threads"], d["n_ctx"], d["n_batch"], d["n_ubatch"], d["flash_attn"], d["parallel"]) == (
+        2, 512, 256, 256, True, 1)
+    assert "CPU" in d["backend"] and d["llama_system_info"] and d["llama_cpp_python"]
+    assert len(d["machine_id"]) == 12 and d["machine_id"] not in json.dumps(os.uname())
+    other = provenance.environment(LoadOptions(n_ctx=512, n_threads=1, n_batch=256, flash_attn=True))
+    assert env.env_id != other.env_id and len(env.env_id) == 12
+    assert env.env_id == provenance.environment(LoadOptions(n_ctx=512, n_threads=2, n_batch=256, flash_attn=True)).env_id
+    assert provenance.env_difference(d, other.to_dict()) == ["threads 2 -> 1"]
+    assert provenance.env_difference(d, d) == []
+    assert provenance.env_difference(None, d) == ["environment unknown (written before provenance)"]
+
+
+# ------------------------------------------------------------------ what results carry
+
+
+def check_provenance(prov: dict, tiny_draft: Path, tiny_target: Path, threads: int) -> None:
+    env = prov["env"]
+    for key in ("easd_local", "git_commit", "git_dirty", "llama_cpp_python", "llama_system_info", "backend", "cpu",
+                "machine_id", "n_ctx", "threads", "n_batch", "n_ubatch", "flash_attn", "n_gpu_layers",
+                "n_gpu_layers_draft", "main_gpu", "parallel"):
+        assert key in env, key
+    assert env["threads"] == threads and env["n_ctx"] == 512 and env["n_batch"] == 512 and env["n_ubatch"] == 512
+    assert env["flash_attn"] is False and env["parallel"] == 1
+    assert prov["env_id"] == provenance.env_id(env)
+    assert prov["draft"] == {"file": tiny_draft.name, "size": tiny_draft.stat().st_size, "sha256": sha256(tiny_draft)}
+    assert prov["target"] == {"file": tiny_target.name, "size": tiny_target.stat().st_size,
+                              "sha256": sha256(tiny_target)}
+
+
+def test_bench_row_carries_provenance(tmp_path, tiny_draft, tiny_target):
+    out = tmp_path / "r.jsonl"
+    r = invoke("bench", "--dataset", "gsm8k", "--limit", 1, "--modes", "target,easd", "--draft", tiny_draft,
+               "--target", tiny_target, *FAST, "--threads", 1, "--out", out)
+    assert r.exit_code == 0, r.output
+    rows = rows_of(out)
+    assert len(rows) == 2
+    for row in rows:
+        check_provenance(row["provenance"], tiny_draft, tiny_target, threads=1)
+        assert row_model_sha(row, "target") == sha256(tiny_target)
+        assert len(row["completion_tokens"]) == row["stats"]["tokens"] == 8
+    assert row_env_id(rows[0]) == row_env_id(rows[1])
+
+
+def test_generate_json_carries_provenance(tiny_draft, tiny_target):
+    r = invoke("generate", "Hello", "--draft", tiny_draft, "--target", tiny_target, *FAST, "--threads", 2, "--json")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout.strip().splitlines()[-1])
+    check_provenance(obj["provenance"], tiny_draft, tiny_target, threads=2)
+    assert len(obj["completion_tokens"]) == obj["tokens"]
+
+
+def test_resume_in_another_environment_notes_or_refuses(tmp_path, tiny_draft, tiny_target):
+    out = tmp_path / "r.jsonl"
+    common = ["bench", "--dataset", "gsm8k", "--modes", "target", "--draft", tiny_draft, "--target", tiny_target,
+              *FAST, "--out", out]
+    assert invoke(*common, "--limit", 1, "--threads", 1).exit_code == 0
+    # same environment: no note
+    r = invoke(*common, "--limit", 1, "--threads", 1, "--resume")
+    assert r.exit_code == 0 and "environment" not in r.stderr
+    # --strict-env refuses, in one line, before anything runs
+    r = invoke(*common, "--limit", 2, "--threads", 2, "--resume", "--strict-env")
+    assert r.exit_code == 2
+    assert "threads 1 -> 2" in r.stderr and "--strict-env refuses" in r.stderr and "Traceback" not in r.output
+    assert len(rows_of(out)) == 1
+    # without it: one note naming the difference, and the run continues
+    r = invoke(*common, "--limit", 2, "--threads", 2, "--resume")
+    assert r.exit_code == 0, r.output
+    notes = [ln for ln in r.stderr.splitlines() if "environment" in ln]
+    assert len(notes) == 1 and "threads 1 -> 2" in notes[0] and "1 of the file's 1 rows" in notes[0]
+    rows = rows_of(out)
+    assert [row["provenance"]["env"]["threads"] for row in rows] == [1, 2]
+
+
+def test_env_mismatch_names_rows_without_provenance():
+    env = provenance.environment(LoadOptions(n_ctx=512, n_threads=1))
+    old = {"stats": {}}
+    line = bench_runner.env_mismatch([old, {"provenance": {"env_id": env.env_id, "env": env.to_dict()}}], env)
+    assert line is not None and "1 of the file's 2 rows record no environment" in line
+    assert bench_runner.env_mismatch([{"provenance": {"env_id": env.env_id, "env": env.to_dict()}}], env) is None
+    assert bench_runner.env_mismatch([], env) is None
