@@ -164,3 +164,65 @@ def test_env_mismatch_names_rows_without_provenance():
     assert line is not None and "1 of the file's 2 rows record no environment" in line
     assert bench_runner.env_mismatch([{"provenance": {"env_id": env.env_id, "env": env.to_dict()}}], env) is None
     assert bench_runner.env_mismatch([], env) is None
+
+
+# ------------------------------------------------------------------------ the report
+
+
+def test_report_names_a_mix_of_environments(tmp_path, tiny_draft, tiny_target):
+    out = tmp_path / "r.jsonl"
+    common = ["bench", "--dataset", "gsm8k", "--draft", tiny_draft, "--target", tiny_target, *FAST, "--out", out]
+    assert invoke(*common, "--modes", "target", "--limit", 2, "--threads", 1).exit_code == 0
+    r = invoke("bench", "report", out)
+    assert r.exit_code == 0 and "environment" not in r.output  # one environment: no warning
+    # target rows of problems 0-1 with one thread; everything else with two
+    r = invoke(*common, "--modes", "target,easd-tf", "--limit", 3, "--threads", 2, "--resume")
+    assert r.exit_code == 0, r.output
+    r = invoke("bench", "report", out)
+    assert r.exit_code == 0, r.output
+    head = r.stdout.split("gsm8k · pair")[0]  # above the table
+    assert "these rows come from 2 environments" in head and ": 4 rows" in head and ": 2 rows" in head
+    assert "threads 2 / 1" in head or "threads 1 / 2" in head
+    assert "--same-env" in head
+    assert "n=" not in r.stdout  # all three problems paired
+    # --same-env: only problem 2 has its target and easd-tf rows in one environment
+    r = invoke("bench", "report", out, "--same-env")
+    assert r.exit_code == 0, r.output
+    assert "n=1" in r.stdout and "same environment only" in r.stdout
+    md = tmp_path / "r.md"
+    assert invoke("bench", "report", out, "--markdown", md).exit_code == 0
+    assert md.read_text().startswith("> these rows come from 2 environments")
+
+
+def _row(qid, method, correct, env=None, target_sha=None):
+    from easd_local.bench.schema import make_row
+
+    prov = None
+    if env is not None:
+        prov = {"env_id": provenance.env_id(env), "env": env, "draft": None,
+                "target": {"file": "t.gguf", "size": 1, "sha256": target_sha or "a" * 64}}
+    return make_row(dataset="d", qid=qid, index=0, method=method, pair="p", config={"mode": method}, question="q",
+                    gold="1", completion="c", extracted=None, correct=correct, stats={}, provenance=prov)
+
+
+def test_report_groups_by_model_files_and_counts_unknown_environments():
+    from easd_local.bench import report as rep
+
+    e1 = {"threads": 1, "git_commit": "1234567890"}
+    rows = [_row("q1", "target", True), _row("q2", "target", False),  # before provenance
+            _row("q1", "easd", True, e1), _row("q2", "easd", True, e1)]
+    mix = rep.environments(rows)
+    assert mix.mixed and dict(mix.rows) == {provenance.env_id(e1): 2, "unknown": 2} and mix.differing == {}
+    lines = rep.env_lines(mix)
+    assert any("written before provenance" in ln for ln in lines)
+    # rows without files join the pair's one set of recorded files: one group, paired on both qids
+    (g,) = rep.summarize(rows)
+    easd = next(m for m in g.methods if m.method == "easd")
+    assert easd.vs_target.n == 2 and (easd.vs_target.wins, easd.vs_target.losses) == (1, 0)
+    (g,) = rep.summarize(rows, same_env=True)  # an unknown environment matches nothing
+    assert next(m for m in g.methods if m.method == "easd").vs_target.n == 0
+    # the target file changed: a group per set of files; rows that name none can no longer join one
+    rows.append(_row("q1", "easd", False, e1, target_sha="b" * 64))
+    groups = rep.summarize(rows)
+    assert [g.files for g in groups] == ["files not recorded", "target aaaaaaaa", "target bbbbbbbb"]
+    assert [g.questions for g in groups] == [2, 2, 1]

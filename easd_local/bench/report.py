@@ -18,6 +18,12 @@ The speculative figures are reported only for methods that drafted (Σ ``drafted
 the fire rate also for the other EASD methods (``easd-tf`` gates without drafting).
 Each method is compared with ``sd`` and with ``target`` on the qids both have: wins
 (method right, baseline wrong), losses (the reverse) and the exact McNemar p-value.
+
+Rows name their models by sha256 (``provenance``): a pair whose files changed between rows
+is summarised as two groups. Rows from several environments (llama.cpp build, threads,
+batch sizes, machine...: ``provenance.Environment``) are flagged by :func:`environments`;
+``same_env`` restricts the paired comparisons to qids whose two rows share one recorded
+environment, since greedy text moves at every near-tie between environments.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
-from .schema import validate_row
+from ..provenance import UNKNOWN_ENV
+from .schema import row_env, row_env_id, row_model_sha, validate_row
 from .stats import mcnemar_exact, wilson_interval
 
 BASELINES = ("sd", "target")
@@ -128,6 +135,8 @@ class GroupSummary:
     questions: int  # distinct qids in this group
     methods: list[MethodSummary]
     duplicates: int = 0  # rows superseded by a later row for the same (method, qid)
+    files: str = ""  # "draft 1a2b3c4d · target 5e6f7a8b" when the pair's files differ between rows
+    same_env: bool = False  # paired comparisons only on qids whose rows share one environment
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -143,8 +152,11 @@ def _method_key(method: str, first_seen: int) -> tuple[int, int]:
     return rank, first_seen
 
 
-def _paired(mine: dict[str, bool], theirs: dict[str, bool], baseline: str) -> PairedComparison:
+def _paired(mine: dict[str, bool], theirs: dict[str, bool], baseline: str,
+            envs: tuple[dict[str, str | None], dict[str, str | None]] | None = None) -> PairedComparison:
     common = [q for q in mine if q in theirs]
+    if envs is not None:  # same environment only (an unrecorded one matches nothing)
+        common = [q for q in common if envs[0][q] is not None and envs[0][q] == envs[1][q]]
     wins = sum(1 for q in common if mine[q] and not theirs[q])
     losses = sum(1 for q in common if theirs[q] and not mine[q])
     both_right = sum(1 for q in common if mine[q] and theirs[q])
@@ -199,38 +211,140 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
     )
 
 
-def summarize(rows: Iterable[dict]) -> list[GroupSummary]:
-    """One GroupSummary per (dataset, pair), in order of first appearance; methods in
-    mode order (target, draft, sd, easd, easd-tf, then others as first seen). When a
-    (dataset, pair, method, qid) appears more than once the last row wins."""
-    latest: dict[tuple[str, str, str, str], dict] = {}
+def latest_rows(rows: Iterable[dict]) -> tuple[list[dict], Counter]:
+    """The rows a report compares: the last row of each (dataset, pair, files, method, qid),
+    in order of first appearance; and how many rows were superseded per (dataset, pair)."""
+    latest: dict[tuple, dict] = {}
     duplicates: Counter = Counter()
-    method_seen: dict[str, int] = {}
     for row in rows:
-        key = (row["dataset"], row["pair"], row["method"], row["qid"])
+        key = (row["dataset"], row["pair"], _files_key(row), row["method"], row["qid"])
         if key in latest:
             duplicates[key[:2]] += 1
         latest[key] = row
-        method_seen.setdefault(row["method"], len(method_seen))
+    return list(latest.values()), duplicates
 
-    groups: dict[tuple[str, str], dict[str, list[dict]]] = {}
-    for (dataset, pair, method, _qid), row in latest.items():
-        groups.setdefault((dataset, pair), {}).setdefault(method, []).append(row)
+
+def _files_key(row: dict) -> tuple[str | None, str | None]:
+    return row_model_sha(row, "draft"), row_model_sha(row, "target")
+
+
+def _file_groups(rows: list[dict]) -> dict[int, tuple]:
+    """Row index -> files key of its group. Rows that name no files (written before
+    provenance) join their pair's group when the pair has one set of recorded files."""
+    known: dict[tuple[str, str], set] = {}
+    for r in rows:
+        f = _files_key(r)
+        if f != (None, None):
+            known.setdefault((r["dataset"], r["pair"]), set()).add(f)
+    out = {}
+    for i, r in enumerate(rows):
+        f = _files_key(r)
+        options = known.get((r["dataset"], r["pair"]), set())
+        if f == (None, None) and len(options) == 1:
+            f = next(iter(options))
+        out[i] = f
+    return out
+
+
+def _files_label(files: tuple[str | None, str | None]) -> str:
+    d, t = files
+    if d is None and t is None:
+        return "files not recorded"
+    return " · ".join(f"{role} {sha[:8]}" for role, sha in (("draft", d), ("target", t)) if sha)
+
+
+def summarize(rows: Iterable[dict], *, same_env: bool = False) -> list[GroupSummary]:
+    """One GroupSummary per (dataset, pair, model files), in order of first appearance;
+    methods in mode order (target, draft, sd, easd, easd-tf, then others as first seen).
+    When a (dataset, pair, files, method, qid) appears more than once the last row wins.
+    ``same_env``: paired comparisons only on qids whose two rows share a recorded
+    environment."""
+    rows, duplicates = latest_rows(rows)
+    method_seen: dict[str, int] = {}
+    for row in rows:
+        method_seen.setdefault(row["method"], len(method_seen))
+    files_of = _file_groups(rows)
+
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault((row["dataset"], row["pair"], files_of[i]), {}).setdefault(row["method"], []).append(row)
+    n_files = Counter(key[:2] for key in groups)
 
     out: list[GroupSummary] = []
-    for (dataset, pair), by_method in groups.items():
+    for (dataset, pair, files), by_method in groups.items():
         outcome = {m: {r["qid"]: bool(r["correct"]) for r in rs} for m, rs in by_method.items()}
+        env = {m: {r["qid"]: row_env_id(r) for r in rs} for m, rs in by_method.items()}
         methods = []
         for method in sorted(by_method, key=lambda m: _method_key(m, method_seen[m])):
             summary = _summarize_method(method, by_method[method])
             for baseline in BASELINES:
                 if baseline in outcome and baseline != method:
+                    envs = (env[method], env[baseline]) if same_env else None
                     setattr(summary, f"vs_{baseline}",
-                            _paired(outcome[method], outcome[baseline], baseline))
+                            _paired(outcome[method], outcome[baseline], baseline, envs))
             methods.append(summary)
         questions = len({r["qid"] for rs in by_method.values() for r in rs})
-        out.append(GroupSummary(dataset, pair, questions, methods, duplicates[(dataset, pair)]))
+        label = _files_label(files) if n_files[(dataset, pair)] > 1 else ""
+        out.append(GroupSummary(dataset, pair, questions, methods, duplicates[(dataset, pair)], label, same_env))
     return out
+
+
+@dataclass
+class EnvMix:
+    """The environments of the compared rows."""
+
+    rows: list[tuple[str, int]]  # (env_id or UNKNOWN_ENV, rows), most rows first
+    differing: dict[str, list[Any]] = field(default_factory=dict)  # field -> its values, among recorded envs
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.rows) > 1
+
+
+def environments(rows: Iterable[dict]) -> EnvMix:
+    """How many of ``rows`` come from each environment, and which fields differ between the
+    recorded ones (rows written before provenance count as one unknown environment)."""
+    counts: Counter = Counter()
+    envs: dict[str, dict] = {}
+    for r in rows:
+        eid = row_env_id(r)
+        counts[eid or UNKNOWN_ENV] += 1
+        if eid is not None:
+            envs.setdefault(eid, row_env(r) or {})
+    differing: dict[str, list[Any]] = {}
+    for key in dict.fromkeys(k for e in envs.values() for k in e):
+        values = list(dict.fromkeys(json.dumps(e.get(key), sort_keys=True) for e in envs.values()))
+        if len(values) > 1:
+            differing[key] = [json.loads(v) for v in values]
+    return EnvMix(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])), differing)
+
+
+def _short(key: str, value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if key == "git_commit":
+        return str(value)[:7]
+    text = str(value)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def env_lines(mix: EnvMix, same_env: bool = False) -> list[str]:
+    """What a report says above its tables about environments: nothing for one environment;
+    for several, how many rows each, which fields differ, and what --same-env does."""
+    if not mix.mixed:
+        return []
+    per = " · ".join(f"{eid}: {n} row{'s' if n != 1 else ''}" for eid, n in mix.rows)
+    lines = [f"these rows come from {len(mix.rows)} environments ({per})"]
+    if mix.differing:
+        lines.append("fields that differ: " + "; ".join(
+            f"{k} {' / '.join(_short(k, v) for v in vals)}" for k, vals in mix.differing.items()))
+    if any(eid == UNKNOWN_ENV for eid, _ in mix.rows):
+        lines.append(f"{UNKNOWN_ENV}: rows written before provenance was recorded")
+    lines.append("paired comparisons use only qids whose two rows share one environment (--same-env)" if same_env
+                 else "paired comparisons may mix environments; --same-env restricts them to one")
+    return lines
 
 
 # ------------------------------------------------------------------------ rendering
@@ -248,10 +362,10 @@ def _p(p: float) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def _vs(c: PairedComparison | None) -> str:
+def _vs(c: PairedComparison | None, with_n: bool = False) -> str:
     if c is None:
         return "—"
-    return f"+{c.wins}/-{c.losses} p={_p(c.p_value)}"
+    return f"+{c.wins}/-{c.losses} p={_p(c.p_value)}" + (f" n={c.n}" if with_n else "")
 
 
 def _shares(m: MethodSummary) -> str:
@@ -274,7 +388,7 @@ NOTES = (
 )
 
 
-def _cells(m: MethodSummary) -> list[str]:
+def _cells(m: MethodSummary, with_n: bool = False) -> list[str]:
     return [
         m.method,
         str(m.n),
@@ -286,14 +400,16 @@ def _cells(m: MethodSummary) -> list[str]:
         _num(m.mean_accepted_len, 2),
         _num(m.easd_fires_per_100, 2),
         _shares(m),
-        _vs(m.vs_sd),
-        _vs(m.vs_target),
+        _vs(m.vs_sd, with_n),
+        _vs(m.vs_target, with_n),
     ]
 
 
 def _title(g: GroupSummary) -> str:
     extra = f", {g.duplicates} superseded row{'s' if g.duplicates != 1 else ''}" if g.duplicates else ""
-    return f"{g.dataset} · pair {g.pair} · {g.questions} questions{extra}"
+    files = f" ({g.files})" if g.files else ""
+    same = " · paired: same environment only" if g.same_env else ""
+    return f"{g.dataset} · pair {g.pair}{files} · {g.questions} questions{extra}{same}"
 
 
 def render_rich(summaries: list[GroupSummary]) -> list:
@@ -309,20 +425,23 @@ def render_rich(summaries: list[GroupSummary]) -> list:
         for i, col in enumerate(_COLUMNS):
             table.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
         for m in g.methods:
-            table.add_row(*(Text(c) for c in _cells(m)))  # Text: "easd[...]" is not markup
+            table.add_row(*(Text(c) for c in _cells(m, g.same_env)))  # Text: "easd[...]" is not markup
         tables.append(table)
     return tables
 
 
-def render_markdown(summaries: list[GroupSummary]) -> str:
-    """The summaries as Markdown: a heading and a table per (dataset, pair), then notes."""
-    parts: list[str] = []
+def render_markdown(summaries: list[GroupSummary], env_note: Sequence[str] = ()) -> str:
+    """The summaries as Markdown: the environment note (:func:`env_lines`) as a quote, a
+    heading and a table per (dataset, pair), then notes."""
+    parts: list[str] = [f"> {line}  " for line in env_note]
+    if parts:
+        parts.append("")
     for g in summaries:
         parts.append(f"### {_title(g)}\n")
         parts.append("| " + " | ".join(_COLUMNS) + " |")
         parts.append("|" + "|".join(["---"] + ["---:"] * (len(_COLUMNS) - 1)) + "|")
         for m in g.methods:
-            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(m)) + " |")
+            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(m, g.same_env)) + " |")
         parts.append("")
     if summaries:
         parts.append(f"_{NOTES}_")

@@ -136,23 +136,26 @@ class _Accuracy:
         return ("accuracy: " + " · ".join(parts)) if parts else ""
 
 
-def print_report(path: Path, markdown: Path | None = None, plot: Path | None = None) -> None:
+def print_report(path: Path, markdown: Path | None = None, plot: Path | None = None, same_env: bool = False) -> None:
     results = rep.load_results(path)
     if results.torn_lines:
         err_console.print(
             Text(f"note: the last line of {path} was cut off mid-write (the run was killed) and is skipped; "
                  "rerun the benchmark with --resume to redo that row", style="yellow")
         )
-    summaries = rep.summarize(results)
+    summaries = rep.summarize(results, same_env=same_env)
     if not summaries:
         console.print(Text(f"{path}: no results yet"))
     # a log file or pipe gets whole tables rather than 80 columns of ellipses
     out = console if console.is_terminal else Console(highlight=False, width=max(console.width, 200))
+    env_note = rep.env_lines(rep.environments(rep.latest_rows(results)[0]), same_env)
+    for i, line in enumerate(env_note):  # above the tables: they may compare across environments
+        out.print(Text(("warning: " if i == 0 else "  ") + line, style="yellow"))
     for table in rep.render_rich(summaries):
         out.print(table)
     if markdown is not None:
         try:
-            markdown.expanduser().write_text(rep.render_markdown(summaries), encoding="utf-8")
+            markdown.expanduser().write_text(rep.render_markdown(summaries, env_note), encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot write {str(markdown)!r}: {exc.strerror or exc}") from None
         console.print(Text(f"markdown: {markdown}"))
@@ -358,7 +361,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
         markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the tables as Markdown to this file.")] = None,
         plot: Annotated[Optional[Path], typer.Option("--plot", help="Also plot accuracy against tokens/s to this PNG (needs matplotlib).")] = None,
+        same_env: Annotated[bool, typer.Option("--same-env", help="Paired wins/losses only on problems whose two rows come from one environment (same llama.cpp build, threads, batch sizes, machine...).")] = False,
     ) -> None:
-        """Summarise a results file: accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares."""
+        """Summarise a results file: accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares. Says first when the rows come from more than one environment."""
         _need_matplotlib(plot)
-        print_report(results, markdown, plot)
+        print_report(results, markdown, plot, same_env)
