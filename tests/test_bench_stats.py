@@ -304,7 +304,7 @@ def test_renderers(results, tmp_path):
     summaries = summarize(results)
     md = render_markdown(summaries)
     assert "### gsm8k · pair default · 5 questions" in md
-    assert "| easd | 4 | 75.0% (3) | 30.1–95.4 | 20.0 | 75 | 80.0% | 5.00 | 2.00 | 25/50/9 |" in md
+    assert "| easd | 4 | 75.0% (3) | 30.1–95.4 | 20.0 | 75 | 80.0% | 5.00 | 2.00 | — | 25/50/9 |" in md
     assert "easd[tau_target=1.5]" in md and "+8/-1 p=0.039" in md
     assert "total generated tokens / total wall seconds" in md
     assert render_markdown([]) == ""

@@ -115,7 +115,7 @@ def check_provenance(prov: dict, tiny_draft: Path, tiny_target: Path, threads: i
 
 def test_bench_row_carries_provenance(tmp_path, tiny_draft, tiny_target):
     out = tmp_path / "r.jsonl"
-    r = invoke("bench", "--dataset", "gsm8k", "--limit", 1, "--modes", "target,easd", "--draft", tiny_draft,
+    r = invoke("bench", "--dataset", "gsm8k", "--limit", 1, "--modes", "target,easd-tf", "--draft", tiny_draft,
                "--target", tiny_target, *FAST, "--threads", 1, "--out", out)
     assert r.exit_code == 0, r.output
     rows = rows_of(out)
@@ -125,6 +125,11 @@ def test_bench_row_carries_provenance(tmp_path, tiny_draft, tiny_target):
         assert row_model_sha(row, "target") == sha256(tiny_target)
         assert len(row["completion_tokens"]) == row["stats"]["tokens"] == 8
     assert row_env_id(rows[0]) == row_env_id(rows[1])
+    # gate margin: the target alone decides nothing; easd-tf evaluates the gate at every position
+    target, tf = rows
+    assert (target["stats"]["gate_decisions"], target["stats"]["gate_near_share"]) == (0, None)
+    assert tf["stats"]["gate_decisions"] == 8 and 0 <= tf["stats"]["gate_near"] <= 8
+    assert tf["stats"]["gate_margin"] == 0.05
 
 
 def test_generate_json_carries_provenance(tiny_draft, tiny_target):
@@ -194,7 +199,7 @@ def test_report_names_a_mix_of_environments(tmp_path, tiny_draft, tiny_target):
     assert md.read_text().startswith("> these rows come from 2 environments")
 
 
-def _row(qid, method, correct, env=None, target_sha=None):
+def _row(qid, method, correct, env=None, target_sha=None, stats=None):
     from easd_local.bench.schema import make_row
 
     prov = None
@@ -202,7 +207,7 @@ def _row(qid, method, correct, env=None, target_sha=None):
         prov = {"env_id": provenance.env_id(env), "env": env, "draft": None,
                 "target": {"file": "t.gguf", "size": 1, "sha256": target_sha or "a" * 64}}
     return make_row(dataset="d", qid=qid, index=0, method=method, pair="p", config={"mode": method}, question="q",
-                    gold="1", completion="c", extracted=None, correct=correct, stats={}, provenance=prov)
+                    gold="1", completion="c", extracted=None, correct=correct, stats=stats or {}, provenance=prov)
 
 
 def test_report_groups_by_model_files_and_counts_unknown_environments():
@@ -210,7 +215,8 @@ def test_report_groups_by_model_files_and_counts_unknown_environments():
 
     e1 = {"threads": 1, "git_commit": "1234567890"}
     rows = [_row("q1", "target", True), _row("q2", "target", False),  # before provenance
-            _row("q1", "easd", True, e1), _row("q2", "easd", True, e1)]
+            _row("q1", "easd", True, e1, stats={"gate_decisions": 4, "gate_near": 1}),
+            _row("q2", "easd", True, e1, stats={"gate_decisions": 6, "gate_near": 1})]
     mix = rep.environments(rows)
     assert mix.mixed and dict(mix.rows) == {provenance.env_id(e1): 2, "unknown": 2} and mix.differing == {}
     lines = rep.env_lines(mix)
@@ -219,6 +225,8 @@ def test_report_groups_by_model_files_and_counts_unknown_environments():
     (g,) = rep.summarize(rows)
     easd = next(m for m in g.methods if m.method == "easd")
     assert easd.vs_target.n == 2 and (easd.vs_target.wins, easd.vs_target.losses) == (1, 0)
+    assert easd.gate_near_share == pytest.approx(0.2)  # Σ near / Σ decisions
+    assert next(m for m in g.methods if m.method == "target").gate_near_share is None  # old rows: not recorded
     (g,) = rep.summarize(rows, same_env=True)  # an unknown environment matches nothing
     assert next(m for m in g.methods if m.method == "easd").vs_target.n == 0
     # the target file changed: a group per set of files; rows that name none can no longer join one

@@ -12,6 +12,9 @@ per-row ratios):
 - mean accepted length (tokens per verify) = Σ(``draft_accepted`` + ``sd_rejections`` +
   ``easd_fires`` + ``bonus``) / Σ ``target_calls``;
 - EASD fires per 100 tokens = 100 · Σ ``easd_fires`` / Σ ``tokens``;
+- gate near-ties = Σ ``gate_near`` / Σ ``gate_decisions``: the share of gate decisions
+  (fired or not) that moving an entropy by 0.05 nats could flip (``near_ties``), over the
+  rows that record them;
 - time shares = Σ ``seconds_draft`` | ``seconds_target`` | ``seconds_controller`` / Σ ``seconds_total``.
 
 The speculative figures are reported only for methods that drafted (Σ ``drafted`` > 0);
@@ -120,6 +123,7 @@ class MethodSummary:
     acceptance_rate: float | None  # Σ draft_accepted / Σ drafted
     mean_accepted_len: float | None  # tokens per target verify call
     easd_fires_per_100: float | None  # per 100 generated tokens
+    gate_near_share: float | None  # Σ gate_near / Σ gate_decisions (None: no decisions recorded)
     share_draft: float | None  # fractions of Σ seconds_total
     share_target: float | None
     share_controller: float | None
@@ -204,6 +208,8 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
         acceptance_rate=_ratio(total("draft_accepted"), drafted) if speculative else None,
         mean_accepted_len=_ratio(committed, total("target_calls")) if speculative else None,
         easd_fires_per_100=(_ratio(100.0 * total("easd_fires"), tokens) if gated else None),
+        gate_near_share=_ratio(sum(r["stats"].get("gate_near", 0) for r in rows),
+                               sum(r["stats"].get("gate_decisions", 0) for r in rows)),
         share_draft=_ratio(total("seconds_draft"), seconds),
         share_target=_ratio(total("seconds_target"), seconds),
         share_controller=_ratio(total("seconds_controller"), seconds),
@@ -376,13 +382,14 @@ def _shares(m: MethodSummary) -> str:
 
 _COLUMNS = (
     "method", "n", "accuracy", "95% CI", "tok/s", "mean tok", "accept",
-    "tok/verify", "fires/100 tok", "time % d/t/c", "vs sd (W/L, p)", "vs target (W/L, p)",
+    "tok/verify", "fires/100 tok", "gate near-tie", "time % d/t/c", "vs sd (W/L, p)", "vs target (W/L, p)",
 )
 
 NOTES = (
     TOKENS_PER_S_NOTE + ". accept = Σ accepted draft tokens / Σ drafted. "
     "tok/verify = tokens committed per target verify call. fires/100 tok = EASD gate fires "
-    "per 100 generated tokens. time % = share of wall time in draft / target (verify) / "
+    "per 100 generated tokens. gate near-tie = share of gate decisions (fired or not) that a 0.05-nat change "
+    "of an entropy could flip. time % = share of wall time in draft / target (verify) / "
     "controller. W/L = questions this method got right and the baseline wrong / the reverse, "
     "on the questions both ran; p = two-sided exact McNemar."
 )
@@ -399,6 +406,7 @@ def _cells(m: MethodSummary, with_n: bool = False) -> list[str]:
         _pct(m.acceptance_rate),
         _num(m.mean_accepted_len, 2),
         _num(m.easd_fires_per_100, 2),
+        _pct(m.gate_near_share),
         _shares(m),
         _vs(m.vs_sd, with_n),
         _vs(m.vs_target, with_n),

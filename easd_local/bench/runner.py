@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Sequence
 from .. import decoding, provenance
 from ..config import MODES, DecodeConfig, field_name, parse_value
 from ..errors import ConfigError
+from ..near_ties import gate_margin
 from ..pair import open_models
 from ..provenance import Environment
 from ..resolve import PairSpec, resolve_config, resolve_pair
@@ -573,17 +574,18 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                     # makes each method pay for its own prompt.
                     for m in present:
                         m.reset()
-                    fin, _events = decoding.run(
+                    fin, events = decoding.run(
                         models.target, models.draft, prompt, run.cfg,
                         n_vocab=models.n_vocab, thresholds_source=run.source,
                     )
+                    margin = gate_margin(events, run.cfg.tau_draft, run.cfg.tau_target, run.cfg.overlap)
                     correct, extracted = is_correct(fin.text, prob.gold, prob.grader)
                     row = make_row(
                         dataset=prob.dataset, qid=prob.qid, index=prob.index, method=run.method.name,
                         pair=pr.label, config=run.config, question=prob.question, gold=prob.gold,
                         completion=fin.text, extracted=extracted, correct=correct,
                         # to_dict: strict JSON, a gate that is off (tau inf) stored as "inf"
-                        stats=fin.stats.to_dict(), provenance=prov, completion_tokens=fin.tokens,
+                        stats={**fin.stats.to_dict(), **margin.to_stats()}, provenance=prov, completion_tokens=fin.tokens,
                     )
                     out.append(row)
                     yield RowDone(row)

@@ -81,6 +81,13 @@ TOP_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
+# stats that rows written before they existed lack (name -> kind, as in STAT_FIELDS):
+# the gate decisions (near_ties.gate_margin) and those within a near-tie of flipping
+OPTIONAL_STAT_FIELDS: dict[str, str] = {
+    "gate_decisions": "count",
+    "gate_near": "count",
+}
+
 # keys that rows written before they existed lack (name -> allowed types)
 OPTIONAL_TOP_FIELDS: dict[str, tuple[type, ...]] = {
     "provenance": (dict,),
@@ -240,7 +247,7 @@ def validate_row(row: Any, where: str = "") -> dict[str, Any]:
     missing = [k for k in STAT_FIELDS if k not in stats]
     if missing:
         raise _bad(where, f"stats lacks {', '.join(missing)}")
-    for name, kind in STAT_FIELDS.items():
+    for name, kind in [*STAT_FIELDS.items(), *((k, v) for k, v in OPTIONAL_STAT_FIELDS.items() if k in stats)]:
         value = stats[name]
         if kind == "text":
             if not isinstance(value, str):

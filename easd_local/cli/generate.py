@@ -13,6 +13,7 @@ from rich.text import Text
 from .. import provenance
 from ..config import DecodeConfig
 from ..decoding import Finished, generate as decode_stream
+from ..near_ties import gate_margin
 from ..pair import open_models
 from ..resolve import resolve_config, resolve_pair
 from . import options as o
@@ -102,7 +103,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 write_jsonl_atomic(trace, trace_rows(events))
             if json_out:
                 prov = provenance.collect(spec.draft, spec.target, topts, dopts)
-                obj = {"text": fin.text, "pair": spec.label, **fin.stats.to_dict(),
+                margin = gate_margin(events, cfg.tau_draft, cfg.tau_target, cfg.overlap)
+                obj = {"text": fin.text, "pair": spec.label, **fin.stats.to_dict(), **margin.to_stats(),
                        "completion_tokens": fin.tokens, "provenance": prov.to_dict()}
                 out.write(json.dumps(obj, ensure_ascii=False) + "\n")
             else:

@@ -1,0 +1,90 @@
+"""Near-ties: decisions that a tiny numerical difference could have turned the other way.
+
+Two correct implementations (another llama.cpp build, thread count, batch shape) give
+logits that differ by a few hundredths, so greedy text parts at an **argmax near-tie**
+(two tokens whose logits are that close) and EASD parts at a **gate near-tie** (an entropy
+within a few hundredths of a nat of its threshold). This module measures how much of a
+run rests on such coin tosses and explains where two runs part; pure functions, no I/O.
+
+The gate (``rules.gate``) is open when H_d >= tau_d and H_t >= tau_t and O >= tau_O; it is
+evaluated lazily, so a position records H_t only, or nothing (NaN / None) where the gate
+was not evaluated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+GATE_MARGIN = 0.05  # nats: a gate decision this close to a threshold is a coin toss
+
+
+def _known(x: float | None) -> bool:
+    return x is not None and not math.isnan(x)
+
+
+def gate_near_tie(
+    h_draft: float | None,
+    h_target: float,
+    overlap: float | None,
+    tau_draft: float,
+    tau_target: float,
+    tau_overlap: float,
+    margin: float = GATE_MARGIN,
+) -> bool:
+    """Whether moving each entropy by at most ``margin`` nats could flip this gate decision.
+
+    Open gate: either entropy is less than ``margin`` above its threshold. Closed gate:
+    every failing condition is an entropy less than ``margin`` below its threshold (a
+    failing overlap, a count of shared top-N tokens, is not a matter of nats). Where the
+    gate stopped at H_t (H_d and the overlap not computed), they are assumed to pass:
+    the decision counts as near when H_t is."""
+    dt = h_target - tau_target
+    d_known = _known(h_draft)
+    dd = h_draft - tau_draft if d_known else math.inf
+    ov_ok = overlap >= tau_overlap if _known(overlap) else True
+    if dt >= 0 and dd >= 0 and ov_ok:  # open
+        return dt < margin or (d_known and dd < margin)
+    if not ov_ok:
+        return False
+    return all(-margin < d < 0 for d in (dt, dd) if d < 0)
+
+
+@dataclass(frozen=True)
+class GateMargin:
+    decisions: int  # positions where the gate was evaluated
+    near: int  # of which within the margin of flipping (gate_near_tie)
+    margin: float = GATE_MARGIN
+
+    @property
+    def share(self) -> float | None:
+        return self.near / self.decisions if self.decisions else None
+
+    def to_stats(self) -> dict:
+        """The row/JSON statistics: ``gate_decisions``, ``gate_near``, ``gate_near_share``
+        (null without decisions), ``gate_margin``."""
+        return {"gate_decisions": self.decisions, "gate_near": self.near,
+                "gate_near_share": self.share, "gate_margin": self.margin}
+
+
+def gate_margin(
+    events: Iterable,
+    tau_draft: float,
+    tau_target: float,
+    tau_overlap: float,
+    margin: float = GATE_MARGIN,
+) -> GateMargin:
+    """Count the gate decisions among token events (anything with ``h_draft``,
+    ``h_target``, ``overlap``; H_t None or NaN = not evaluated) and those within
+    ``margin`` of flipping. A gate that cannot fire (an infinite threshold, overlap > 1)
+    decides nothing."""
+    if not (math.isfinite(tau_draft) and math.isfinite(tau_target) and tau_overlap <= 1.0):
+        return GateMargin(0, 0, margin)
+    decisions = near = 0
+    for ev in events:
+        if not _known(ev.h_target):
+            continue
+        decisions += 1
+        near += gate_near_tie(ev.h_draft, ev.h_target, ev.overlap, tau_draft, tau_target, tau_overlap, margin)
+    return GateMargin(decisions, near, margin)

@@ -1,0 +1,48 @@
+"""near_ties: which gate decisions a 0.05-nat change of an entropy could flip."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace as Ev
+
+import pytest
+
+from easd_local.near_ties import GATE_MARGIN, gate_margin, gate_near_tie
+
+TD, TT, TO = 0.9, 0.7, 0.6  # tau_draft, tau_target, tau_overlap
+
+
+@pytest.mark.parametrize("h_d, h_t, ov, near", [
+    # open gate: near when either entropy is less than the margin above its threshold
+    (1.5, 0.72, 0.8, True),
+    (0.93, 1.5, 0.8, True),
+    (1.5, 1.5, 0.8, False),
+    (0.96, 0.76, 0.8, False),  # both more than the margin above
+    # closed by H_t alone (H_d and the overlap not computed): near when H_t is
+    (None, 0.68, None, True),
+    (math.nan, 0.60, math.nan, False),
+    # closed by H_d: near when it is close below
+    (0.87, 1.5, 0.8, True),
+    (0.5, 1.5, 0.8, False),
+    # closed by both entropies: near only when both are close
+    (0.87, 0.68, 0.8, True),
+    (0.5, 0.68, 0.8, False),
+    # closed by the overlap: no entropy change opens it
+    (1.5, 0.72, 0.4, False),
+])
+def test_gate_near_tie(h_d, h_t, ov, near):
+    assert gate_near_tie(h_d, h_t, ov, TD, TT, TO) is near
+
+
+def test_gate_margin_counts_evaluated_positions_only():
+    events = [Ev(h_draft=None, h_target=None, overlap=None),  # not evaluated (bonus, SD rejection)
+              Ev(h_draft=math.nan, h_target=math.nan, overlap=math.nan),
+              Ev(h_draft=None, h_target=0.68, overlap=None),
+              Ev(h_draft=1.5, h_target=1.5, overlap=0.8),
+              Ev(h_draft=0.2, h_target=1.5, overlap=0.8)]
+    m = gate_margin(events, TD, TT, TO)
+    assert (m.decisions, m.near, m.share, m.margin) == (3, 1, 1 / 3, GATE_MARGIN)
+    assert m.to_stats() == {"gate_decisions": 3, "gate_near": 1, "gate_near_share": 1 / 3, "gate_margin": GATE_MARGIN}
+    # a gate that cannot fire decides nothing
+    assert gate_margin(events, math.inf, TT, TO).decisions == 0
+    assert gate_margin(events, TD, TT, 1.5).to_stats()["gate_near_share"] is None
