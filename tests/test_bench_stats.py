@@ -312,7 +312,8 @@ def test_renderers(results, tmp_path):
     from rich.console import Console
 
     tables = render_rich(summaries)
-    assert len(tables) == 2
+    # group A: results table + gate mechanism (sd, easd against target); group B has no target
+    assert len(tables) == 3
     buf = io.StringIO()
     console = Console(file=buf, width=250, color_system=None)
     for t in tables:
@@ -320,6 +321,7 @@ def test_renderers(results, tmp_path):
     out = buf.getvalue()
     assert "easd[tau_target=1.5]" in out and "75.0% (3)" in out
     assert NOTES[:20] in out
+    assert "gsm8k · pair default · gate mechanism" in out
 
 
 def test_plot_without_matplotlib_says_how_to_install(results, tmp_path, monkeypatch):
@@ -362,3 +364,43 @@ def test_schema_roundtrip_and_errors():
     ok["stats"]["tau_target"] = float("nan")
     with pytest.raises(ConfigError, match="NaN"):
         validate_row(ok)
+
+
+# ------------------------------------------------------------- gate mechanism
+
+
+def _mech_row(method, i, completion, extracted, fires, temperature=0.0):
+    full = dict(empty_stats(), stop_reason="eos", tokens=10, easd_fires=fires, seconds_total=1.0)
+    return make_row(
+        dataset="gsm8k", qid=_gsm(i), index=i, method=method, pair="default",
+        config=dict(CONFIG, mode=method, temperature=temperature), question="Q?", gold="1",
+        completion=completion, extracted=extracted, correct=extracted == "1", stats=full,
+    )
+
+
+def test_gate_mechanism_counts_fires_changes_and_unexplained_differences():
+    # q0: no fire, same text; q1: fired, answer changed; q2: fired, same answer other text;
+    # q3: no fire yet the text differs (must be reported); q4: easd-tf only (not paired)
+    rows = [
+        _mech_row("target", 0, "a 1", "1", 0), _mech_row("easd-tf", 0, "a 1", "1", 0),
+        _mech_row("target", 1, "b 1", "1", 0), _mech_row("easd-tf", 1, "b 2", "2", 3),
+        _mech_row("target", 2, "c 1", "1", 0), _mech_row("easd-tf", 2, "c' 1", "1", 1),
+        _mech_row("target", 3, "d 1", "1", 0), _mech_row("easd-tf", 3, "d 1 more", "1", 0),
+        _mech_row("easd-tf", 4, "e", "1", 2),
+    ]
+    [g] = summarize(rows)
+    by = {m.method: m for m in g.methods}
+    assert by["target"].mechanism is None
+    mech = by["easd-tf"].mechanism
+    assert (mech.n, mech.fired, mech.texts_changed, mech.answers_changed, mech.changed_without_fire) == (4, 2, 3, 1, 1)
+    assert mech.greedy and mech.fired_share == 0.5
+    md = render_markdown([g])
+    assert "| easd-tf | 4 | 2 (50.0%) | 3 | 1 | 1 |" in md
+
+
+def test_gate_mechanism_marks_sampled_runs():
+    rows = [_mech_row("target", 0, "a", "1", 0, 0.7), _mech_row("easd-tf", 0, "b", "1", 0, 0.7)]
+    [g] = summarize(rows)
+    mech = [m for m in g.methods if m.method == "easd-tf"][0].mechanism
+    assert not mech.greedy and mech.changed_without_fire == 1
+    assert "1 (sampled)" in render_markdown([g])

@@ -15,7 +15,13 @@ per-row ratios):
 - gate near-ties = Σ ``gate_near`` / Σ ``gate_decisions``: the share of gate decisions
   (fired or not) that moving an entropy by 0.05 nats could flip (``near_ties``), over the
   rows that record them;
-- time shares = Σ ``seconds_draft`` | ``seconds_target`` | ``seconds_controller`` / Σ ``seconds_total``.
+- time shares = Σ ``seconds_draft`` | ``seconds_target`` | ``seconds_controller`` / Σ ``seconds_total``;
+- gate mechanism (gated methods, against ``target`` on the qids both have): problems on which
+  the gate fired at least once, answers that changed (extracted answer differs), and texts
+  that differ although the gate never fired. Greedy ``easd-tf`` decodes the target one token
+  at a time exactly as ``target`` does until its first fire, so for it that last count must
+  be 0; anything else is a defect or a different environment (``sd`` and ``easd`` verify in
+  batches, whose argmax near-ties part texts without a fire: ``sd``'s count is that noise).
 
 The speculative figures are reported only for methods that drafted (Σ ``drafted`` > 0);
 the fire rate also for the other EASD methods (``easd-tf`` gates without drafting).
@@ -130,6 +136,23 @@ class MethodSummary:
     stop_reasons: dict[str, int] = field(default_factory=dict)
     vs_sd: PairedComparison | None = None
     vs_target: PairedComparison | None = None
+    mechanism: "GateMechanism | None" = None
+
+
+@dataclass
+class GateMechanism:
+    """What the EASD gate did to a gated method's answers, against ``target``."""
+
+    n: int  # qids both the method and target answered
+    fired: int  # of those, problems with at least one gate fire
+    texts_changed: int  # completions that differ from target's
+    answers_changed: int  # extracted answers that differ from target's
+    changed_without_fire: int  # completions that differ although the gate never fired
+    greedy: bool  # every compared row of both was greedy (then the no-fire texts must agree)
+
+    @property
+    def fired_share(self) -> float | None:
+        return _ratio(self.fired, self.n)
 
 
 @dataclass
@@ -217,6 +240,23 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
     )
 
 
+def gate_mechanism(mine: dict[str, dict], target: dict[str, dict]) -> GateMechanism:
+    """Compare a gated method's rows with target's, qid by qid (see the module docstring)."""
+    common = [q for q in mine if q in target]
+    fired = texts = answers = unexplained = 0
+    greedy = bool(common)
+    for q in common:
+        a, b = mine[q], target[q]
+        fires = a["stats"].get("easd_fires", 0) > 0
+        fired += fires
+        differ = a["completion"] != b["completion"]
+        texts += differ
+        answers += a["extracted"] != b["extracted"]
+        unexplained += differ and not fires
+        greedy = greedy and a["config"].get("temperature") == 0 and b["config"].get("temperature") == 0
+    return GateMechanism(len(common), fired, texts, answers, unexplained, greedy)
+
+
 def latest_rows(rows: Iterable[dict]) -> tuple[list[dict], Counter]:
     """The rows a report compares: the last row of each (dataset, pair, files, method, qid),
     in order of first appearance; and how many rows were superseded per (dataset, pair)."""
@@ -279,6 +319,7 @@ def summarize(rows: Iterable[dict], *, same_env: bool = False) -> list[GroupSumm
     out: list[GroupSummary] = []
     for (dataset, pair, files), by_method in groups.items():
         outcome = {m: {r["qid"]: bool(r["correct"]) for r in rs} for m, rs in by_method.items()}
+        by_qid = {m: {r["qid"]: r for r in rs} for m, rs in by_method.items()}
         env = {m: {r["qid"]: row_env_id(r) for r in rs} for m, rs in by_method.items()}
         methods = []
         for method in sorted(by_method, key=lambda m: _method_key(m, method_seen[m])):
@@ -288,6 +329,8 @@ def summarize(rows: Iterable[dict], *, same_env: bool = False) -> list[GroupSumm
                     envs = (env[method], env[baseline]) if same_env else None
                     setattr(summary, f"vs_{baseline}",
                             _paired(outcome[method], outcome[baseline], baseline, envs))
+            if "target" in by_qid and method != "target" and summary.easd_fires_per_100 is not None:
+                summary.mechanism = gate_mechanism(by_qid[method], by_qid["target"])
             methods.append(summary)
         questions = len({r["qid"] for rs in by_method.values() for r in rs})
         label = _files_label(files) if n_files[(dataset, pair)] > 1 else ""
@@ -413,6 +456,27 @@ def _cells(m: MethodSummary, with_n: bool = False) -> list[str]:
     ]
 
 
+_MECH_COLUMNS = ("method", "n vs target", "problems fired", "texts changed", "answers changed",
+                 "changed without a fire")
+
+MECH_NOTE = (
+    "Gate mechanism, against target on the questions both ran: problems fired = problems with at least one "
+    "gate fire; texts/answers changed = completions / extracted answers that differ from target's; "
+    "changed without a fire = completions that differ although the gate never fired (greedy easd-tf must "
+    "have 0: up to its first fire it is the target, decoded the same way)."
+)
+
+
+def _mech_cells(m: MethodSummary) -> list[str] | None:
+    g = m.mechanism
+    if g is None:
+        return None
+    return [
+        m.method, str(g.n), f"{g.fired} ({_pct(g.fired_share)})", str(g.texts_changed), str(g.answers_changed),
+        str(g.changed_without_fire) + ("" if g.greedy else " (sampled)"),
+    ]
+
+
 def _title(g: GroupSummary) -> str:
     extra = f", {g.duplicates} superseded row{'s' if g.duplicates != 1 else ''}" if g.duplicates else ""
     files = f" ({g.files})" if g.files else ""
@@ -435,6 +499,15 @@ def render_rich(summaries: list[GroupSummary]) -> list:
         for m in g.methods:
             table.add_row(*(Text(c) for c in _cells(m, g.same_env)))  # Text: "easd[...]" is not markup
         tables.append(table)
+        mech = [c for c in (_mech_cells(m) for m in g.methods) if c is not None]
+        if mech:
+            mt = Table(title=Text(f"{g.dataset} · pair {g.pair} · gate mechanism"),
+                       caption=Text(MECH_NOTE) if last else None, caption_justify="left")
+            for j, col in enumerate(_MECH_COLUMNS):
+                mt.add_column(col, justify="left" if j == 0 else "right", no_wrap=j == 0)
+            for cells in mech:
+                mt.add_row(*(Text(c) for c in cells))
+            tables.append(mt)
     return tables
 
 
@@ -451,15 +524,28 @@ def render_markdown(summaries: list[GroupSummary], env_note: Sequence[str] = ())
         for m in g.methods:
             parts.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(m, g.same_env)) + " |")
         parts.append("")
+        mech = [c for c in (_mech_cells(m) for m in g.methods) if c is not None]
+        if mech:
+            parts.append(f"Gate mechanism ({g.dataset} · pair {g.pair}):\n")
+            parts.append("| " + " | ".join(_MECH_COLUMNS) + " |")
+            parts.append("|" + "|".join(["---"] + ["---:"] * (len(_MECH_COLUMNS) - 1)) + "|")
+            for cells in mech:
+                parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            parts.append("")
     if summaries:
         parts.append(f"_{NOTES}_")
         parts.append("")
+        if any(m.mechanism for g in summaries for m in g.methods):
+            parts.append(f"_{MECH_NOTE}_")
+            parts.append("")
     return "\n".join(parts)
 
 
 def plot(summaries: list[GroupSummary], path: str | Path) -> Path:
     """Accuracy (with Wilson 95% bars) against tokens/s, one panel per dataset, one point
-    per (method, pair). Needs matplotlib (the ``plot`` extra). Returns the written path."""
+    per (method, pair); under it, where any method gates, accuracy against EASD fires per
+    100 tokens (a method that cannot fire sits at 0). Needs matplotlib (the ``plot``
+    extra). Returns the written path."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
@@ -470,28 +556,40 @@ def plot(summaries: list[GroupSummary], path: str | Path) -> Path:
     datasets = list(dict.fromkeys(g.dataset for g in summaries))
     pairs = list(dict.fromkeys(g.pair for g in summaries))
     methods = list(dict.fromkeys(m.method for g in summaries for m in g.methods))
+    gated = any(m.easd_fires_per_100 is not None for g in summaries for m in g.methods)
+    panels = [("tokens/s (total tokens / total seconds)", lambda m: m.tokens_per_s)]
+    if gated:
+        panels.append(("EASD gate fires per 100 generated tokens",
+                       lambda m: m.easd_fires_per_100 if m.easd_fires_per_100 is not None else 0.0))
     markers = "osD^vP*Xh<>"
-    fig = Figure(figsize=(6.0 * len(datasets), 4.5), constrained_layout=True)
-    axes = fig.subplots(1, len(datasets), squeeze=False)[0]
+    fig = Figure(figsize=(6.0 * len(datasets), 4.5 * len(panels)), constrained_layout=True)
+    grid = fig.subplots(len(panels), len(datasets), squeeze=False)
     colours = [f"C{i % 10}" for i in range(len(methods))]
-    for ax, dataset in zip(axes, datasets):
-        for g in (g for g in summaries if g.dataset == dataset):
-            marker = markers[pairs.index(g.pair) % len(markers)]
-            for m in g.methods:
-                if m.tokens_per_s is None:
-                    continue
-                colour = colours[methods.index(m.method)]
-                label = m.method if len(pairs) == 1 else f"{m.method} · {g.pair}"
-                ax.errorbar(
-                    m.tokens_per_s, 100 * m.accuracy,
-                    yerr=[[100 * (m.accuracy - m.ci_low)], [100 * (m.ci_high - m.accuracy)]],
-                    fmt=marker, color=colour, capsize=3, label=label,
-                )
-        ax.set_title(dataset)
-        ax.set_xlabel("tokens/s (total tokens / total seconds)")
-        ax.set_ylabel("accuracy % (Wilson 95%)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+    for row, (xlabel, xof) in enumerate(panels):
+        for ax, dataset in zip(grid[row], datasets):
+            for g in (g for g in summaries if g.dataset == dataset):
+                marker = markers[pairs.index(g.pair) % len(markers)]
+                for m in g.methods:
+                    x = xof(m)
+                    if x is None:
+                        continue
+                    colour = colours[methods.index(m.method)]
+                    label = m.method if len(pairs) == 1 else f"{m.method} · {g.pair}"
+                    ax.errorbar(
+                        x, 100 * m.accuracy,
+                        yerr=[[100 * (m.accuracy - m.ci_low)], [100 * (m.ci_high - m.accuracy)]],
+                        fmt=marker, color=colour, capsize=3, label=label,
+                    )
+            ax.set_title(dataset)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("accuracy % (Wilson 95%)")
+            # from zero, so that two near-equal speeds do not sit at opposite edges; a little
+            # room on both sides so that points at 0 (methods that never fire) stay visible
+            hi = max(ax.get_xlim()[1], 1e-9)
+            ax.set_xlim(-0.03 * hi, 1.08 * hi)
+            ax.set_ylim(0, 100)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize="small")
     try:
         fig.savefig(out)
     except (OSError, ValueError) as exc:

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The quality study of issue 16 on the default pair: does EASD help? One resumable bench per
+# table; run it in the background at low priority and re-run it to continue (every bench has
+# --resume, so nothing finished is redone and nothing is duplicated).
+#
+#   nice -n 19 scripts/quality_study.sh [OUT_DIR]        (default results/study)
+#   STUDY_THREADS=2 STUDY_PARALLEL=1 ...                   (llama.cpp threads; problems at once)
+#
+# Reports (one command per table):
+#   easd-local bench report results/study/gsm8k-greedy.jsonl --markdown F.md --plot F.png
+#   (likewise math500-greedy and gsm8k300-t07; the sensitivity methods tf-p75/p95/p99 and
+#   tf-no-overlap sit in gsm8k-greedy.jsonl beside target and easd-tf, paired on 300 problems)
+#
+# Order: the main GSM8K comparison first (target vs easd-tf; greedy sd is the control that
+# shows how much of a difference is numerical noise: it equals target but for near-ties),
+# then MATH-500, the threshold sensitivity on the first 300 GSM8K problems (thresholds from
+# the 75th/95th/99th percentiles of the shipped calibration, see models/catalog.toml, and the
+# overlap test off) and one sampled run at temperature 0.7.
+set -euo pipefail
+OUT=${1:-results/study}
+mkdir -p "$OUT"
+THREADS=${STUDY_THREADS:-2}
+EXTRA=()
+if [ -n "${STUDY_PARALLEL:-}" ]; then EXTRA+=(--parallel "$STUDY_PARALLEL"); fi
+B=(easd-local bench --pair default --threads "$THREADS" --max-tokens 1024 --resume --yes "${EXTRA[@]}")
+
+"${B[@]}" --dataset gsm8k --modes target,easd-tf --out "$OUT/gsm8k-greedy.jsonl"
+"${B[@]}" --dataset math500 --modes target,easd-tf --out "$OUT/math500-greedy.jsonl"
+# same file as the main comparison: its target and easd-tf rows of the first 300 problems
+# are the sensitivity table's baseline and p90 point (no second target run)
+"${B[@]}" --dataset gsm8k --limit 300 --out "$OUT/gsm8k-greedy.jsonl" \
+    --easd-config "tf-p75:mode=easd-tf,tau-draft=0.3257,tau-target=0.1544" \
+    --easd-config "tf-p95:mode=easd-tf,tau-draft=1.2519,tau-target=0.9942" \
+    --easd-config "tf-p99:mode=easd-tf,tau-draft=1.9391,tau-target=1.5932" \
+    --easd-config "tf-no-overlap:mode=easd-tf,overlap=0"
+"${B[@]}" --dataset gsm8k --limit 300 --temperature 0.7 --seed 7 --modes target,easd-tf \
+    --out "$OUT/gsm8k300-t07.jsonl"
+"${B[@]}" --dataset gsm8k --modes sd --out "$OUT/gsm8k-greedy.jsonl"
