@@ -14,6 +14,7 @@ API (nothing here prints; ``progress(bytes_done, bytes_total)`` reports long has
 - :func:`lookup` -- the cached hash or None, never reading the file;
 - :func:`record` -- cache a hash known by other means (a verified pull checked the
   catalog's sha256 while writing the file), so that file is never read again to hash it;
+- :func:`paths_with` -- the files the cache recorded with a given hash;
 - :func:`hash_file` -- the uncached hash of any file.
 
 Concurrent writers (two commands at once) may each drop the other's new entry: the cost is
@@ -120,3 +121,22 @@ def sha256_of(path: str | os.PathLike, *, progress: Progress | None = None) -> s
     if _key_and_stamp(key)[1] == before:  # not rewritten while we read it
         record(key, sha)
     return sha
+
+
+def paths_with(sha256: str, *, unchanged_only: bool = True) -> list[Path]:
+    """Existing files the cache recorded with ``sha256``: only those unchanged since (stamp
+    equal), or with ``unchanged_only=False`` also those changed since (whose hash is then
+    unknown: check it with :func:`sha256_of`). Never reads a file's contents."""
+    sha256 = sha256.lower()
+    with _LOCK:
+        cache = _read()
+    out = []
+    for key, rec in cache.items():
+        if not (isinstance(rec, dict) and rec.get("sha256") == sha256):
+            continue
+        try:
+            if lookup(key) == sha256 or (not unchanged_only and Path(key).is_file()):
+                out.append(Path(key))
+        except OSError:
+            continue
+    return out

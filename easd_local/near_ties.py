@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 GATE_MARGIN = 0.05  # nats: a gate decision this close to a threshold is a coin toss
 
@@ -88,3 +88,65 @@ def gate_margin(
         decisions += 1
         near += gate_near_tie(ev.h_draft, ev.h_target, ev.overlap, tau_draft, tau_target, tau_overlap, margin)
     return GateMargin(decisions, near, margin)
+
+
+# ------------------------------------------------------------- where two runs part
+
+# logits: a gap this small between the two tokens is an argmax near-tie. llama.cpp's
+# one-token decode and its batched verify differ by up to ~0.4 logits on the default pair
+# (tests/test_runtime.py measures it), and other builds, thread counts and CPUs do likewise.
+ARGMAX_NEAR_TIE = 0.5
+
+ARGMAX = "argmax near-tie"
+GATE = "gate near-tie"
+REAL = "a real difference"
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where two token sequences differ (the shorter one's
+    length when one is a prefix of the other); None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass(frozen=True)
+class GateState:
+    """The gate's inputs at one position and their distances to the thresholds."""
+
+    h_target: float
+    h_draft: float
+    overlap: float
+    tau_target: float
+    tau_draft: float
+    tau_overlap: float
+    margin: float = GATE_MARGIN
+
+    @property
+    def open(self) -> bool:
+        return self.h_target >= self.tau_target and self.h_draft >= self.tau_draft and self.overlap >= self.tau_overlap
+
+    @property
+    def near(self) -> bool:
+        return gate_near_tie(self.h_draft, self.h_target, self.overlap, self.tau_draft, self.tau_target,
+                             self.tau_overlap, self.margin)
+
+    def describe(self) -> str:
+        def one(name: str, v: float, tau: float, what: str) -> str:
+            return f"{name} {v:.3f} vs {what} {tau:.3f} ({v - tau:+.3f})"
+
+        return ", ".join([one("H_t", self.h_target, self.tau_target, "tau_target"),
+                          one("H_d", self.h_draft, self.tau_draft, "tau_draft"),
+                          one("overlap", self.overlap, self.tau_overlap, "minimum")])
+
+
+def classify(logit_gap: float | None, gate_state: GateState | None) -> str:
+    """Why two runs part at a position: a gate decision within the margin of flipping (the
+    EASD modes), else an argmax near-tie (the two tokens' logits within
+    ARGMAX_NEAR_TIE), else a real difference."""
+    if gate_state is not None and gate_state.near:
+        return GATE
+    if logit_gap is not None and abs(logit_gap) < ARGMAX_NEAR_TIE:
+        return ARGMAX
+    return REAL

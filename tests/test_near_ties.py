@@ -46,3 +46,23 @@ def test_gate_margin_counts_evaluated_positions_only():
     # a gate that cannot fire decides nothing
     assert gate_margin(events, math.inf, TT, TO).decisions == 0
     assert gate_margin(events, TD, TT, 1.5).to_stats()["gate_near_share"] is None
+
+
+def test_first_difference():
+    from easd_local.near_ties import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2 and first_difference([], [4]) == 0
+
+
+def test_classify():
+    from easd_local.near_ties import ARGMAX, GATE, REAL, GateState, classify
+
+    near_gate = GateState(h_target=0.72, h_draft=1.5, overlap=0.8, tau_target=TT, tau_draft=TD, tau_overlap=TO)
+    far_gate = GateState(h_target=1.5, h_draft=1.5, overlap=0.8, tau_target=TT, tau_draft=TD, tau_overlap=TO)
+    assert near_gate.open and near_gate.near and not far_gate.near
+    assert classify(3.0, near_gate) == GATE
+    assert classify(-0.2, far_gate) == ARGMAX and classify(0.2, None) == ARGMAX
+    assert classify(3.0, far_gate) == REAL and classify(-0.7, None) == REAL
+    assert "H_t 0.720 vs tau_target 0.700 (+0.020)" in near_gate.describe()

@@ -234,3 +234,14 @@ def test_report_groups_by_model_files_and_counts_unknown_environments():
     groups = rep.summarize(rows)
     assert [g.files for g in groups] == ["files not recorded", "target aaaaaaaa", "target bbbbbbbb"]
     assert [g.questions for g in groups] == [2, 2, 1]
+
+
+def test_paths_with(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + b"q" * 10)
+    sha = filehash.sha256_of(f)
+    assert filehash.paths_with(sha) == [f.resolve()]
+    f.write_bytes(b"GGUF" + b"r" * 11)
+    assert filehash.paths_with(sha) == [] and filehash.paths_with(sha, unchanged_only=False) == [f.resolve()]
+    f.unlink()
+    assert filehash.paths_with(sha, unchanged_only=False) == []

@@ -21,7 +21,9 @@ from rich.console import Console
 from rich.text import Text
 
 from ..bench import report as rep
+from ..bench import rerun as rerun_mod
 from ..bench import runner
+from ..near_ties import ARGMAX_NEAR_TIE
 from ..bench.datasets import GRADERS, PRESETS, load_dataset, preset_names
 from .. import provenance
 from ..config import MODES, DecodeConfig
@@ -299,7 +301,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         name="bench",
         invoke_without_command=True,
         rich_markup_mode="rich",
-        subcommand_metavar="[report RESULTS]",
+        subcommand_metavar="[report RESULTS | rerun RESULTS --qid Q --method M]",
     )
     app.add_typer(bench_app, name="bench")
 
@@ -366,3 +368,53 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         """Summarise a results file: accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares. Says first when the rows come from more than one environment."""
         _need_matplotlib(plot)
         print_report(results, markdown, plot, same_env)
+
+    @bench_app.command("rerun")
+    @friendly
+    def rerun(
+        results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
+        qid: Annotated[str, typer.Option("--qid", help="The problem's id (the row's qid).")],
+        method: Annotated[str, typer.Option("--method", help="The row's method (e.g. target, easd-tf, easd[tau_target=1.5]).")],
+        pair: Annotated[Optional[str], typer.Option("--pair", help="The row's pair, when the file has several.")] = None,
+        draft: Annotated[Optional[Path], typer.Option("--draft", help="The draft file, when it is not where this machine's hash cache or catalog knows it.")] = None,
+        target: Annotated[Optional[Path], typer.Option("--target", help="The target file, likewise.")] = None,
+    ) -> None:
+        """Re-run one row with the settings and model files it records (refused when a file's sha256 no longer matches) and print 'identical' or where the texts first differ and why: an argmax near-tie (logit gap), a gate near-tie (entropies near their thresholds) or a real difference. Exit 0 identical, 1 different."""
+        print_rerun(results, qid, method, pair, draft, target)
+
+
+def print_rerun(results: Path, qid: str, method: str, pair: str | None, draft: Path | None,
+                target: Path | None) -> None:
+    rows = rep.load_results(results)
+    plan = rerun_mod.plan_rerun(rows, qid, method, pair, draft=draft, target=target)
+    row = plan.row
+    err_console.print(Text(f"rerun of {results.name} line {plan.line}: {row['qid']} · {row['method']} · pair "
+                           f"{row['pair']} ({plan.cfg.mode}, {row['stats'].get('tokens', '?')} tokens recorded)"))
+    for note in plan.notes:
+        err_console.print(Text(f"note: {note}", style="yellow"))
+    env_note = rerun_mod.environment_note(plan)
+    if env_note:
+        err_console.print(Text(f"note: {env_note}", style="yellow"))
+    res = rerun_mod.rerun(plan)
+    how = " (recorded tokens from re-tokenizing the row's text: it records no token ids)" if res.retokenized else ""
+    d = res.difference
+    if d is None:
+        console.print(Text(f"identical ({res.tokens} tokens){how}"), soft_wrap=True)
+        return
+    rec = "the recorded completion ends" if d.recorded is None else f"recorded {d.recorded_text!r} (id {d.recorded})"
+    new = "the new completion ends" if d.new is None else f"new {d.new_text!r} (id {d.new})"
+    console.print(Text(f"first difference at token {d.index} (character {d.char}): {rec}, {new}{how}"), soft_wrap=True)
+    if d.kind == "length":
+        console.print(Text("why: one completion stops where the other goes on (max tokens or context reached)"), soft_wrap=True)
+    else:
+        where = (f"{'draft' if plan.cfg.mode == 'draft' else 'target'} logits after the prompt and the {d.index} "
+                 "common tokens, evaluated again in one batch")
+        lines = [f"why: {d.kind}"]
+        lines.append(f"  logit gap new - recorded: {d.logit_gap:+.3f} ({where}: {d.logits[0]:.3f} vs {d.logits[1]:.3f}; "
+                     f"an argmax near-tie is under {ARGMAX_NEAR_TIE})")
+        if d.gate is not None:
+            lines.append(f"  gate {'open' if d.gate.open else 'closed'} there: {d.gate.describe()} "
+                         f"(a gate near-tie is within {d.gate.margin} nats)")
+        for line in lines:
+            console.print(Text(line), soft_wrap=True)
+    raise typer.Exit(1)
