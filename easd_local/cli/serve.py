@@ -1,0 +1,158 @@
+"""`easd-local serve`: the OpenAI-compatible HTTP server (uvicorn over easd_local.server)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from typing import Annotated, Optional
+
+import typer
+
+from ..chat import auto_mode
+from ..config import DecodeConfig
+from ..errors import ConfigError, EasdError
+from ..pair import open_models
+from ..resolve import resolve_config, resolve_pair
+from ..runtime import gpu_offload_supported
+from . import options as o
+from .common import err_console, friendly
+from .pull_ui import confirm_download, pull_progress
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """Bind before the models load, so that a taken port is one clear error at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def register(app: typer.Typer, models_app: typer.Typer) -> None:
+    @app.command("serve")
+    @friendly
+    def serve(
+        draft: o.DraftOpt = None,
+        target: o.TargetOpt = None,
+        pair: o.PairOpt = None,
+        yes: o.YesOpt = False,
+        mode: o.ModeOpt = None,
+        max_tokens: o.MaxTokOpt = None,
+        temperature: o.TempOpt = None,
+        top_k: o.TopKOpt = None,
+        top_p: o.TopPOpt = None,
+        seed: o.SeedOpt = None,
+        gamma: o.GammaOpt = None,
+        draft_p_min: o.PMinOpt = None,
+        top_n: o.TopNOpt = None,
+        overlap: o.OverlapOpt = None,
+        tau_draft: o.TauDOpt = None,
+        tau_target: o.TauTOpt = None,
+        penalty: o.PenaltyOpt = None,
+        host: Annotated[str, typer.Option("--host", help="Address to bind (default: loopback only).")] = "127.0.0.1",
+        port: Annotated[int, typer.Option("--port", help="Port (0 = any free port, printed at start).")] = 8080,
+        parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together (slots).")] = 1,
+        queue: Annotated[int, typer.Option("--queue", help="Requests that may wait for a slot; past it: 503.")] = 64,
+        api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="EASD_LOCAL_API_KEY",
+                           help="Require 'Authorization: Bearer KEY' (all endpoints but /health).")] = None,
+        max_body: Annotated[int, typer.Option("--max-body", help="Largest request body in bytes (413 past it).")] = 4 * 1024 * 1024,
+        log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level (info shows each request).")] = "info",
+        ctx: o.CtxOpt = 4096,
+        threads: o.ThreadsOpt = None,
+        n_gpu_layers: o.NglOpt = -1,
+        n_gpu_layers_draft: o.NglDraftOpt = None,
+        flash_attn: o.FlashOpt = False,
+        main_gpu: o.MainGpuOpt = 0,
+        verbose: o.VerboseOpt = False,
+    ) -> None:
+        """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
+        /v1/models, /health, /metrics).
+
+        The decoding flags set the defaults; a request may override them with its own fields
+        (temperature, top_p, seed, max_tokens, and mode, gamma, tau_draft, tau_target, top_n,
+        overlap, penalty, top_k). Every response carries the request's decoding statistics in
+        "timings". EASD (modes easd, easd-tf with the gate on) is not lossless.
+        """
+        flags = o.decode_flags(locals())
+        # every value is checked before any model loads
+        DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
+        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+        if parallel < 1:
+            raise ConfigError(f"--parallel must be >= 1, got {parallel}")
+        if queue < 0:
+            raise ConfigError(f"--queue must be >= 0, got {queue}")
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"--port must be in 0..65535, got {port}")
+        if max_body < 1024:
+            raise ConfigError(f"--max-body must be >= 1024 bytes, got {max_body}")
+        if api_key is not None and not api_key.strip():
+            raise ConfigError("--api-key (or EASD_LOCAL_API_KEY) is empty")
+        log_level = log_level.lower()
+        if log_level not in ("critical", "error", "warning", "info", "debug"):
+            raise ConfigError(f"--log-level must be critical, error, warning, info or debug, got {log_level!r}")
+        spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=confirm_download(yes),
+                            progress=pull_progress())
+        why = ""
+        if mode is None:
+            flags["mode"], why = auto_mode(gpu_offload_supported(), n_gpu_layers, spec.draft is not None)
+        cfg, source = resolve_config(DecodeConfig(), spec, flags)
+        sock = listen_socket(host, port)
+        _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host)
+
+
+def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host) -> None:
+    import uvicorn
+
+    from ..server.app import ServeConfig, create_app
+    from ..server.engine import Engine
+
+    server_box: list = []
+
+    def on_load_failed(_e: BaseException) -> None:
+        if server_box:
+            server_box[0].should_exit = True
+
+    engine = Engine(lambda: open_models(spec.draft, spec.target, topts, dopts), parallel, queue,
+                    on_load_failed=on_load_failed)
+    app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
+                                         api_key=api_key, max_body=max_body))
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
+    server = uvicorn.Server(config)
+    server_box.append(server)
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    err_console.print(f"easd-local serve · {spec.label} · mode {cfg.mode}{f' (auto: {why})' if why else ''} · "
+                      f"--parallel {parallel} · thresholds: {source}")
+    if cfg.gate_enabled:
+        err_console.print("note: EASD is not lossless: its gate lets the target re-pick tokens SD would keep")
+    if not is_loopback(host) and api_key is None:
+        err_console.print(f"[bold yellow]warning:[/] listening on {host} without --api-key: anyone who can reach "
+                          "this address can use the models", markup=True)
+    err_console.print(f"listening on http://{shown}:{bound_port}/v1 (models loading; /health says when ready)",
+                      soft_wrap=True)
+    engine.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.stop()
+        sock.close()
+    if engine.load_error is not None:
+        e = engine.load_error
+        if isinstance(e, EasdError):
+            raise e
+        raise EasdError(f"the models failed to load: {type(e).__name__}: {e}")

@@ -1,0 +1,314 @@
+"""The HTTP layer: Starlette routes over the engine thread (the only module that speaks HTTP).
+
+Every error a client can cause is answered with the OpenAI error shape
+``{"error": {"message", "type", "param", "code"}}`` and a 4xx status; a failure inside
+decoding ends that request (500 before the first byte, an error event in a stream) and the
+server goes on. Streams are server-sent events (sse-starlette), ending with ``data: [DONE]``;
+a client that goes away, streamed or not, has its sequence cancelled at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..config import DecodeConfig
+from ..decoding import Finished, TokenEvent
+from ..errors import ContextOverflowError, EasdError
+from .engine import Admitted, Engine, Failed, Job, NotReady, QueueFull, Rejected, Request
+from .metrics import CONTENT_TYPE
+from .protocol import ApiError, ApiRequest, bad, parse_request, request_config
+from .responses import (Tally, chunk, completion, finish_reason, new_id, timings_from_stats, timings_from_tally,
+                        usage, usage_chunk)
+from .stops import StopMatcher
+
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
+DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to this, so the client sees the 413
+RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_name: str  # the name /v1/models lists and requests may give as "model"
+    base: DecodeConfig  # the server's decoding defaults (flags > pair profile > built-in)
+    thresholds_source: str
+    api_key: str | None = None
+    max_body: int = DEFAULT_MAX_BODY
+
+
+class ClientGone(Exception):
+    pass
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_json(request: HttpRequest, limit: int):
+    """The body as JSON, refused with 413 past ``limit`` bytes before anything is parsed."""
+    declared = request.headers.get("content-length")
+    too_big = ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise bad("invalid Content-Length header")
+        if int(declared) > limit:
+            await _drain(request, int(declared))
+            raise too_big
+    chunks, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            await _drain(request, size)
+            raise too_big
+        chunks.append(part)
+    try:
+        return json.loads(b"".join(chunks), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise bad(f"malformed JSON body: {e}") from None
+
+
+async def _drain(request: HttpRequest, seen: int) -> None:
+    if seen > DRAIN_LIMIT:
+        return
+    try:
+        async for part in request.stream():
+            seen += len(part)
+            if seen > DRAIN_LIMIT:
+                return
+    except Exception:  # noqa: BLE001 - the stream may already be consumed or the client gone
+        return
+
+
+async def _disconnected(request: HttpRequest) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(request: HttpRequest, coro):
+    """Await ``coro``; if the client disconnects first, cancel it and raise ClientGone."""
+    task = asyncio.ensure_future(coro)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watch):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+    if not task.cancelled():
+        return task.result()
+    raise ClientGone()
+
+
+class Completion:
+    """One admitted request: turns the engine's messages into text pieces (through the stop
+    strings), then into the OpenAI response or the SSE stream."""
+
+    def __init__(self, engine: Engine, job: Job, queue: asyncio.Queue, req: ApiRequest, cfg: DecodeConfig,
+                 source: str, prompt_n: int, queue_s: float, model: str):
+        self.engine, self.job, self.queue, self.req = engine, job, queue, req
+        self.cfg, self.source, self.prompt_n, self.queue_s, self.model = cfg, source, prompt_n, queue_s, model
+        self.id = new_id(req.kind)
+        self.created = int(time.time())
+        self.end: tuple[str, dict, dict] | None = None  # finish_reason, usage, timings
+
+    async def pieces(self) -> AsyncIterator[str]:
+        stop = StopMatcher(self.req.stop)
+        tally = Tally(self.prompt_n)
+        over = False
+        try:
+            while True:
+                msg = await self.queue.get()
+                if isinstance(msg, TokenEvent):
+                    tally.add(msg)
+                    text = stop.feed(msg.text)
+                    if text:
+                        yield text
+                    if stop.stopped:
+                        over = True
+                        self.engine.cancel(self.job, "stop")
+                        timings = timings_from_tally(tally, self.cfg, self.source, self.queue_s, "stop_string")
+                        self.end = ("stop", usage(self.prompt_n, tally.tokens), timings)
+                        return
+                elif isinstance(msg, Finished):
+                    over = True
+                    text = stop.feed(msg.tail)
+                    text += stop.flush()
+                    if text:
+                        yield text
+                    s = msg.stats
+                    reason = "stop" if stop.stopped else finish_reason(s.stop_reason)
+                    self.end = (reason, usage(s.prompt_tokens, s.tokens), timings_from_stats(s, self.cfg, self.queue_s))
+                    return
+                else:  # Failed, or a shutdown
+                    over = True
+                    text = msg.message if isinstance(msg, Failed) else str(msg)
+                    raise ApiError(500, f"decoding failed: {text}", type="server_error", code="decoding_failed")
+        finally:
+            if not over:  # the client went away (the consumer was cancelled)
+                self.engine.cancel(self.job)
+
+    async def collect(self) -> dict:
+        text = "".join([p async for p in self.pieces()])
+        reason, usage_, timings = self.end
+        return completion(self.req.kind, self.id, self.created, self.model, text, reason, usage_, timings)
+
+    async def events(self) -> AsyncIterator[str]:
+        kind, args = self.req.kind, (self.req.kind, self.id, self.created, self.model)
+        if kind == "chat":
+            yield json.dumps(chunk(*args, "", role=True))
+        try:
+            async for text in self.pieces():
+                yield json.dumps(chunk(*args, text), ensure_ascii=False)
+        except ApiError as e:
+            yield json.dumps(e.body())
+            yield "[DONE]"
+            return
+        reason, usage_, timings = self.end
+        yield json.dumps(chunk(*args, None if kind == "chat" else "", finish=reason, timings=timings))
+        if self.req.include_usage:
+            yield json.dumps(usage_chunk(kind, self.id, self.created, self.model, usage_, timings))
+        yield "[DONE]"
+
+
+def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
+    def check_key(request: HttpRequest) -> None:
+        if conf.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), conf.api_key.encode())
+        if not ok:
+            raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                           type="authentication_error", code="invalid_api_key")
+
+    def check_ready() -> None:
+        if engine.load_error is not None:
+            raise ApiError(503, f"the models failed to load: {engine.load_error}", type="server_error")
+        if not engine.ready:
+            raise ApiError(503, "the models are still loading", type="server_error", code="loading",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    async def health(request: HttpRequest) -> Response:
+        if engine.load_error is not None:
+            return JSONResponse({"status": "error", "message": str(engine.load_error)}, status_code=503)
+        if not engine.ready:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def models(request: HttpRequest) -> Response:
+        try:
+            check_key(request)
+        except ApiError as e:
+            return error_response(e)
+        return JSONResponse({"object": "list", "data": [
+            {"id": conf.model_name, "object": "model", "created": 0, "owned_by": "easd-local"}]})
+
+    async def metrics(request: HttpRequest) -> Response:
+        try:
+            check_key(request)
+        except ApiError as e:
+            return error_response(e)
+        return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
+
+    def tokens_for(req: ApiRequest) -> list[int]:
+        pair = engine.pair
+        main = pair.target if pair.target is not None else pair.draft
+        if req.kind == "chat":
+            return main.chat_tokens(list(req.messages))
+        return main.tokenize(req.prompt, add_special=True, parse_special=False)
+
+    async def complete(request: HttpRequest, kind: str) -> Response:
+        try:
+            check_key(request)
+            check_ready()
+            req = parse_request(kind, await read_json(request, conf.max_body))
+            if req.model is not None and req.model != conf.model_name:
+                raise ApiError(400, f"unknown model {req.model!r}: this server serves {conf.model_name!r}",
+                               param="model", code="model_not_found")
+            cfg, source = request_config(conf.base, conf.thresholds_source, req.overrides, engine.pair.n_vocab)
+            if "seed" not in req.overrides and not cfg.greedy:
+                cfg = cfg.replace(seed=secrets.randbits(31))  # no seed given: a fresh sample each request
+            try:
+                prompt = await asyncio.to_thread(tokens_for, req)
+            except EasdError as e:
+                raise bad(str(e), "messages" if kind == "chat" else "prompt") from None
+            loop = asyncio.get_running_loop()
+            queue: asyncio.Queue = asyncio.Queue()
+
+            def deliver(msg) -> None:  # engine thread -> this request's queue
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, msg)
+                except RuntimeError:  # the event loop is closed: the server is going down
+                    pass
+
+            try:
+                job = engine.submit(Request(prompt=prompt, cfg=cfg, thresholds_source=source), deliver)
+            except QueueFull:
+                raise ApiError(503, "the server is busy: every slot and queue place is taken; retry shortly",
+                               type="server_error", code="queue_full",
+                               headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+            except NotReady:
+                check_ready()
+                raise
+        except ApiError as e:
+            return error_response(e)
+
+        try:
+            first = await until_disconnect(request, queue.get())
+        except ClientGone:
+            engine.cancel(job)
+            return Response(status_code=499)
+        if isinstance(first, Rejected):
+            code = "context_length_exceeded" if isinstance(first.error, ContextOverflowError) else "invalid_value"
+            return error_response(bad(str(first.error), "messages" if kind == "chat" else "prompt", code=code))
+        if not isinstance(first, Admitted):
+            text = first.message if isinstance(first, Failed) else str(first)
+            return error_response(ApiError(500, f"decoding failed: {text}", type="server_error"))
+        run = Completion(engine, job, queue, req, cfg, source, len(prompt), first.queue_s, conf.model_name)
+        if req.stream:
+            return EventSourceResponse(run.events(), sep="\n")
+        try:
+            return JSONResponse(await until_disconnect(request, run.collect()))
+        except ClientGone:
+            return Response(status_code=499)
+        except ApiError as e:
+            return error_response(e)
+
+    async def chat_completions(request: HttpRequest) -> Response:
+        return await complete(request, "chat")
+
+    async def completions(request: HttpRequest) -> Response:
+        return await complete(request, "completion")
+
+    async def http_error(request: HttpRequest, exc: HTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}",
+                                       type=kind, headers=getattr(exc, "headers", None)))
+
+    async def server_error(request: HttpRequest, exc: Exception) -> Response:
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}", type="server_error"))
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})

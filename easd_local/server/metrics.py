@@ -1,0 +1,61 @@
+"""The server's Prometheus counters (prometheus_client, its own registry).
+
+What llama-server's ``--metrics`` reports (prompt and generated tokens, requests in
+progress and deferred) plus the speculative/EASD figures, each labelled by mode: drafted,
+accepted, SD rejections, gate fires, bonus tokens. Token-origin counters move as tokens are
+emitted, so they include requests that were cancelled or cut by a stop string; ``drafted``
+and ``sd_accepted`` come from decoding's final statistics, so they cover finished requests.
+Updated from the engine thread only (prometheus_client's metrics are thread-safe to read).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from ..decoding import BONUS, DRAFT, EASD, TARGET, Stats, TokenEvent
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+disable_created_metrics()  # no *_created series: start times say nothing here
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("easd_requests", "Requests ended, by mode and outcome "
+                                "(stop, length, cancelled, failed, rejected).", ["mode", "outcome"], registry=r)
+        self.prompt_tokens = Counter("easd_prompt_tokens", "Prompt tokens of admitted requests.", ["mode"], registry=r)
+        self.generated = Counter("easd_generated_tokens", "Tokens generated.", ["mode"], registry=r)
+        self.drafted = Counter("easd_drafted_tokens", "Draft tokens proposed (finished requests).", ["mode"], registry=r)
+        self.sd_accepted = Counter("easd_sd_accepted_tokens", "Draft tokens the SD test accepted, gated ones "
+                                   "included (finished requests).", ["mode"], registry=r)
+        self.draft_accepted = Counter("easd_draft_accepted_tokens", "Draft tokens emitted.", ["mode"], registry=r)
+        self.sd_rejections = Counter("easd_sd_rejections", "Tokens resampled by the target after an SD rejection.",
+                                     ["mode"], registry=r)
+        self.gate_fires = Counter("easd_gate_fires", "Tokens where the EASD gate fired and the target picked again.",
+                                  ["mode"], registry=r)
+        self.bonus = Counter("easd_bonus_tokens", "Bonus tokens (all drafts kept).", ["mode"], registry=r)
+        self.processing = Gauge("easd_requests_processing", "Requests holding a decoding slot.", registry=r)
+        self.waiting = Gauge("easd_requests_waiting", "Requests queued for a slot.", registry=r)
+        self.slots = Gauge("easd_slots", "Decoding slots (--parallel as the engine provides it).", registry=r)
+
+    def token(self, mode: str, ev: TokenEvent) -> None:
+        self.generated.labels(mode).inc()
+        if ev.origin == DRAFT and mode != "draft":
+            self.draft_accepted.labels(mode).inc()
+        elif ev.origin == EASD:
+            self.gate_fires.labels(mode).inc()
+        elif ev.origin == BONUS:
+            self.bonus.labels(mode).inc()
+        elif ev.origin == TARGET and mode in ("sd", "easd"):
+            self.sd_rejections.labels(mode).inc()
+
+    def finished(self, stats: Stats) -> None:
+        self.drafted.labels(stats.mode).inc(stats.drafted)
+        self.sd_accepted.labels(stats.mode).inc(stats.accepted)
+
+    def ended(self, mode: str, outcome: str) -> None:
+        self.requests.labels(mode, outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,229 @@
+"""OpenAI request bodies -> a validated ``ApiRequest``; every problem -> ``ApiError``.
+
+Pure: no HTTP, no models. The standard fields of /v1/chat/completions and /v1/completions
+are read with their OpenAI meaning; the extension fields (``mode``, ``gamma``, ``tau_draft``,
+``tau_target``, ``top_n``, ``overlap``, ``penalty``, ``top_k``, ``draft_p_min``) override the
+server's decoding defaults for one request. Fields this server cannot honour (``n`` > 1,
+tools, logprobs, a JSON response format) are refused rather than silently ignored; other
+unknown fields are ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..config import DecodeConfig
+from ..errors import ConfigError
+
+MAX_STOP_STRINGS = 16
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+# extension field -> (DecodeConfig field, kind)
+EXTENSIONS = {
+    "mode": ("mode", str),
+    "gamma": ("gamma", int),
+    "tau_draft": ("tau_draft", float),
+    "tau_target": ("tau_target", float),
+    "top_n": ("top_n", int),
+    "overlap": ("overlap", float),
+    "penalty": ("penalty", float),
+    "top_k": ("top_k", int),
+    "draft_p_min": ("draft_p_min", float),
+}
+STANDARD = {"temperature": ("temperature", float), "top_p": ("top_p", float), "seed": ("seed", int)}
+THRESHOLD_FIELDS = ("tau_draft", "tau_target", "top_n", "overlap", "penalty")
+
+
+class ApiError(Exception):
+    """An error answered with the OpenAI error shape."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    kind: str  # "chat" | "completion"
+    model: str | None
+    messages: tuple[dict, ...] = ()  # chat: [{"role", "content"}] with plain-text content
+    prompt: str = ""  # completion
+    overrides: dict = field(default_factory=dict)  # DecodeConfig field -> value, only those given
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+
+
+# --------------------------------------------------------------------------- field readers
+def _number(body: Mapping, name: str, kind: type) -> Any:
+    """The value of ``name`` as ``kind`` (int or float), None when absent or null."""
+    v = body.get(name)
+    if v is None:
+        return None
+    if kind is str:
+        if not isinstance(v, str):
+            raise bad(f"'{name}' must be a string", name)
+        return v
+    if kind is float and isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
+        return math.inf  # JSON has no infinity; "inf" turns the EASD gate off, as on the command line
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad(f"'{name}' must be a number", name)
+    if kind is int:
+        if isinstance(v, float) and not v.is_integer():
+            raise bad(f"'{name}' must be an integer", name)
+        return int(v)
+    return float(v)
+
+
+def _bool(body: Mapping, name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"'{name}' must be true or false", name)
+    return v
+
+
+def _content(value: Any, i: int) -> str:
+    param = f"messages[{i}].content"
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad("only text content parts are supported ({'type': 'text', 'text': ...})", param)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad("message content must be a string or a list of text parts", param)
+
+
+def _messages(body: Mapping) -> tuple[dict, ...]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
+        out.append({"role": ROLES[role], "content": _content(m.get("content"), i)})
+    return tuple(out)
+
+
+def _prompt(body: Mapping) -> str:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+        raise bad("one prompt per request (a list of several prompts is not supported)", "prompt")
+    if not isinstance(p, str):
+        raise bad("'prompt' must be a string (token-id prompts are not supported)", "prompt")
+    if not p:
+        raise bad("'prompt' is empty", "prompt")
+    return p
+
+
+def _stop(body: Mapping) -> tuple[str, ...]:
+    s = body.get("stop")
+    if s is None:
+        return ()
+    if isinstance(s, str):
+        s = [s]
+    if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
+        raise bad("'stop' must be a string or a list of strings", "stop")
+    if len(s) > MAX_STOP_STRINGS:
+        raise bad(f"at most {MAX_STOP_STRINGS} stop strings", "stop")
+    return tuple(x for x in s if x)
+
+
+def _refuse_unsupported(body: Mapping) -> None:
+    n = body.get("n")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise bad("'n' must be an integer", "n")
+        if n != 1:
+            raise bad(f"n={n} is not supported: this server returns one choice per request", "n")
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise bad(f"'{name}' (function calling) is not supported", name)
+    if body.get("logprobs") not in (None, False):
+        raise bad("'logprobs' is not supported", "logprobs")
+    if body.get("echo") not in (None, False):
+        raise bad("'echo' is not supported", "echo")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise bad("only response_format {'type': 'text'} is supported", "response_format")
+
+
+def parse_request(kind: str, body: Any) -> ApiRequest:
+    """Validate a decoded JSON body of kind "chat" or "completion"."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    _refuse_unsupported(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("'model' must be a string", "model")
+    overrides: dict = {}
+    for name, (fld, typ) in {**STANDARD, **EXTENSIONS}.items():
+        v = _number(body, name, typ)
+        if v is not None:
+            overrides[fld] = v
+    # max_completion_tokens is the newer name; it wins when both are given
+    for name in ("max_tokens", "max_completion_tokens"):
+        v = _number(body, name, int)
+        if v is not None:
+            if v < 1:
+                raise bad(f"'{name}' must be >= 1, got {v}", name)
+            overrides["max_tokens"] = v
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad("'stream_options' must be an object", "stream_options")
+    stream = _bool(body, "stream")
+    include_usage = _bool(opts or {}, "include_usage") if stream else False
+    common = dict(model=model, overrides=overrides, stop=_stop(body), stream=stream, include_usage=include_usage)
+    if kind == "chat":
+        return ApiRequest(kind="chat", messages=_messages(body), **common)
+    return ApiRequest(kind="completion", prompt=_prompt(body), **common)
+
+
+def request_config(base: DecodeConfig, source: str, overrides: Mapping[str, Any],
+                   n_vocab: int | None = None) -> tuple[DecodeConfig, str]:
+    """The decoding settings for one request: the server's defaults with the request's
+    overrides, validated; and the thresholds' source ("request" when the request set any)."""
+    try:
+        cfg = base.replace(**overrides).validate(n_vocab)
+    except ConfigError as e:
+        raise bad(str(e), _param_of(str(e), overrides), code="invalid_value") from None
+    if any(k in overrides for k in THRESHOLD_FIELDS):
+        source = "request"
+    return cfg, source
+
+
+def _param_of(message: str, overrides: Mapping[str, Any]) -> str | None:
+    """The request field a DecodeConfig message is about (its messages start with the
+    dashed field name); None when it names none of the given fields."""
+    head = message.split(" ", 1)[0]
+    for fld in overrides:
+        if head == fld.replace("_", "-"):
+            return fld
+    return None
