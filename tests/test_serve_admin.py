@@ -1,0 +1,164 @@
+"""`easd-local serve`: API key, loading state, a full queue, failures at start (tiny pair,
+real llama.cpp, real sockets)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import openai
+import pytest
+import uvicorn
+from serve_helpers import EXE, ServerProc, http
+
+from easd_local.cli.serve import is_loopback, listen_socket
+from easd_local.config import DecodeConfig
+from easd_local.pair import open_models
+from easd_local.runtime import LoadOptions
+from easd_local.server.app import ServeConfig, create_app
+from easd_local.server.engine import Engine
+
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_draft, tiny_target, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve-key")
+    # the key through the environment variable (the flag is the same option)
+    srv = ServerProc(["--draft", str(tiny_draft), "--target", str(tiny_target), "--mode", "target", "--ctx", "256",
+                      "--threads", "1"], tmp / "server.log",
+                     env={"EASD_LOCAL_HOME": str(tmp / "home"), "EASD_LOCAL_API_KEY": KEY})
+    srv.wait_ready()
+    yield srv
+    out = srv.stop()
+    assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/metrics"])
+@pytest.mark.parametrize("auth", [None, "Bearer wrong", "Bearer s3cret-ke", "Basic s3cret-key", KEY])
+def test_missing_or_wrong_key_is_401(keyed_server, path, auth):
+    status, _, body = http("GET", keyed_server.base + path, headers={"Authorization": auth} if auth else {})
+    assert status == 401
+    assert body["error"]["type"] == "authentication_error" and body["error"]["code"] == "invalid_api_key"
+
+
+def test_right_key_is_200_and_health_needs_none(keyed_server, tiny_draft, tiny_target):
+    assert http("GET", keyed_server.base + "/health")[0] == 200
+    for path in ("/v1/models", "/metrics"):
+        assert http("GET", keyed_server.base + path, headers={"Authorization": f"Bearer {KEY}"})[0] == 200
+    name = f"{tiny_draft.stem}+{tiny_target.stem}"
+    good = openai.OpenAI(base_url=keyed_server.base + "/v1", api_key=KEY, max_retries=0)
+    r = good.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert r.model_extra["timings"]["mode"] == "target"
+    bad = openai.OpenAI(base_url=keyed_server.base + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+
+
+def test_loopback_detection():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("example.org")
+
+
+class InProcessServer:
+    """The real app and engine on a real loopback socket, uvicorn in a thread: lets a test
+    hold the model load (a gate) and see the server while it loads."""
+
+    def __init__(self, load, *, n_parallel=1, queue=0):
+        self.engine = Engine(load, n_parallel, queue)
+        conf = ServeConfig(model_name="tiny", base=DecodeConfig(mode="target"), thresholds_source="default")
+        self.sock = listen_socket("127.0.0.1", 0)
+        self.base = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.engine, conf), log_level="warning",
+                                                    lifespan="off", timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.engine.start()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.engine.stop()
+        self.sock.close()
+
+
+def test_health_503_while_loading_then_200(tiny_draft, tiny_target):
+    gate = threading.Event()
+
+    def load():
+        gate.wait(30)
+        return open_models(tiny_draft, tiny_target, LoadOptions(n_ctx=256, n_threads=1))
+
+    with InProcessServer(load) as s:
+        for _ in range(100):  # until uvicorn answers
+            try:
+                status, _, body = http("GET", s.base + "/health", timeout=5)
+                break
+            except OSError:
+                time.sleep(0.05)
+        assert status == 503 and body == {"status": "loading"}
+        status, headers, body = http("POST", s.base + "/v1/completions", {"prompt": "hi"})
+        assert status == 503 and body["error"]["code"] == "loading" and headers["retry-after"]
+        gate.set()
+        assert s.engine.wait_loaded(30)
+        assert http("GET", s.base + "/health")[0] == 200
+        status, _, body = http("POST", s.base + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        assert status == 200 and body["usage"]["completion_tokens"] >= 1
+
+
+def test_full_queue_is_503_with_retry_after(tiny_draft, tiny_target):
+    def load():
+        return open_models(tiny_draft, tiny_target, LoadOptions(n_ctx=1024, n_threads=1))
+
+    with InProcessServer(load, n_parallel=1, queue=0) as s:
+        assert s.engine.wait_loaded(30)
+        client = openai.OpenAI(base_url=s.base + "/v1", api_key="x", max_retries=0)
+        stream = client.completions.create(model="tiny", prompt="Tell me a story", max_tokens=900, stream=True)
+        next(iter(stream))  # the one slot is taken
+        status, headers, body = http("POST", s.base + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        stream.close()
+        assert status == 503 and body["error"]["code"] == "queue_full" and int(headers["retry-after"]) >= 1
+        for _ in range(100):  # the closed stream frees the slot; then requests are served again
+            status, _, body = http("POST", s.base + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+            if status == 200:
+                break
+            time.sleep(0.05)
+        assert status == 200
+
+
+def _serve(args, tmp_path, timeout=60):
+    return subprocess.run(EXE + ["serve", "--port", "0", *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, env={**__import__("os").environ,
+                                                         "EASD_LOCAL_HOME": str(tmp_path / "home")})
+
+
+def test_corrupt_model_ends_with_one_line(tiny_draft, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    r = _serve(["--draft", str(tiny_draft), "--target", str(bad), "--threads", "1"], tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "error:" in r.stderr and "Traceback" not in r.stderr + r.stdout
+
+
+def test_taken_port_is_one_clear_error(tiny_draft, tiny_target, tmp_path):
+    taken = listen_socket("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        r = subprocess.run(EXE + ["serve", "--draft", str(tiny_draft), "--target", str(tiny_target), "--port",
+                                  str(port)], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    finally:
+        taken.close()
+    assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("flag,value,message", [("--parallel", "0", "--parallel must be >= 1"),
+                                                ("--queue", "-1", "--queue must be >= 0"),
+                                                ("--api-key", " ", "is empty")])
+def test_bad_server_flags(flag, value, message, tmp_path):
+    r = _serve([flag, value, "--draft", str(tmp_path / "x.gguf"), "--target", str(tmp_path / "y.gguf")], tmp_path)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr

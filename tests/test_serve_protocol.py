@@ -1,0 +1,89 @@
+"""The server's pure parts: stop strings over streamed pieces, request parsing, timings."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from easd_local.config import DecodeConfig
+from easd_local.decoding import Stats
+from easd_local.server.protocol import ApiError, parse_request, request_config
+from easd_local.server.responses import finish_reason, timings_from_stats
+from easd_local.server.stops import StopMatcher
+
+
+def _expected(text: str, stops: list[str]) -> str:
+    hits = [text.find(s) for s in stops if s and s in text]
+    return text[: min(hits)] if hits else text
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="abc\n", max_size=40), stops=st.lists(st.text(alphabet="abc\n", max_size=4), max_size=3),
+       cuts=st.lists(st.integers(0, 40), max_size=12))
+def test_stop_matcher_equals_cutting_the_whole_text(text, stops, cuts):
+    bounds = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    m = StopMatcher(stops)
+    out = "".join(m.feed(p) for p in pieces) + m.flush()
+    assert out == _expected(text, stops)
+    assert m.stopped == (out != text or any(s and s in text for s in stops))
+
+
+def test_stop_matcher_holds_back_a_possible_start():
+    m = StopMatcher(["</end>"])
+    assert m.feed("hello </e") == "hello "
+    assert m.feed("nd> more") == "" and m.stopped
+    m = StopMatcher(["</end>"])
+    assert m.feed("a </e") == "a " and m.feed("x") == "</ex" and m.flush() == ""
+
+
+def test_parse_chat_request_fields():
+    r = parse_request("chat", {
+        "model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "be "},
+                                                                      {"type": "text", "text": "brief"}]},
+                                   {"role": "user", "content": "hi"}, {"role": "assistant", "content": None}],
+        "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3,
+        "stop": "x", "stream": True, "stream_options": {"include_usage": True}, "n": 1,
+        "mode": "sd", "tau_draft": "inf", "top_k": 4, "user": "ignored"})
+    assert r.messages == ({"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": ""})
+    assert r.overrides == {"max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3, "mode": "sd",
+                           "tau_draft": math.inf, "top_k": 4}
+    assert r.stop == ("x",) and r.stream and r.include_usage
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 2]}, "prompt"), ({"prompt": "a", "seed": 1.5}, "seed"),
+    ({"prompt": "a", "stop": [1]}, "stop"), ({"prompt": "a", "stream_options": 3}, "stream_options"),
+    ({"prompt": "a", "logprobs": 2}, "logprobs"), ({"prompt": "a", "response_format": {"type": "json_object"}},
+                                                   "response_format"),
+    ({"prompt": "a", "model": 3}, "model"), ({"prompt": "a", "n": "2"}, "n"),
+])
+def test_parse_refusals(body, param):
+    with pytest.raises(ApiError) as e:
+        parse_request("completion", body)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_request_config_source_and_param():
+    base = DecodeConfig(mode="easd")
+    cfg, src = request_config(base, "profile", {"temperature": 0.3})
+    assert cfg.temperature == 0.3 and src == "profile"
+    cfg, src = request_config(base, "profile", {"tau_target": 1.0})
+    assert src == "request"
+    with pytest.raises(ApiError) as e:
+        request_config(base, "profile", {"top_n": 500}, n_vocab=306)
+    assert e.value.param == "top_n" and "vocabulary size 306" in e.value.message
+
+
+def test_timings_and_finish_reason():
+    s = Stats(mode="sd", prompt_tokens=10, tokens=8, drafted=12, accepted=6, draft_accepted=6, sd_rejections=1,
+              bonus=1, seconds_prompt=0.5, seconds_total=2.5, tokens_per_s=4.0, thresholds_source="profile",
+              stop_reason="eos")
+    t = timings_from_stats(s, DecodeConfig(mode="sd"), queue_s=0.25)
+    assert t["prompt_ms"] == 500.0 and t["predicted_ms"] == 2000.0 and t["queue_ms"] == 250.0
+    assert t["prompt_per_second"] == 20.0 and t["draft_n"] == 12 and t["lossless"] is True
+    assert [finish_reason(r) for r in ("eos", "length", "context")] == ["stop", "length", "length"]
