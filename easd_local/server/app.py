@@ -198,6 +198,8 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
                            type="authentication_error", code="invalid_api_key")
 
     def check_ready() -> None:
+        if engine.crashed is not None:
+            raise ApiError(503, f"the decoding engine stopped: {engine.crashed}", type="server_error")
         if engine.load_error is not None:
             raise ApiError(503, f"the models failed to load: {engine.load_error}", type="server_error")
         if not engine.ready:
@@ -205,8 +207,9 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def health(request: HttpRequest) -> Response:
-        if engine.load_error is not None:
-            return JSONResponse({"status": "error", "message": str(engine.load_error)}, status_code=503)
+        problem = engine.crashed or engine.load_error
+        if problem is not None:
+            return JSONResponse({"status": "error", "message": str(problem)}, status_code=503)
         if not engine.ready:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -275,8 +278,10 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
             engine.cancel(job)
             return Response(status_code=499)
         if isinstance(first, Rejected):
-            code = "context_length_exceeded" if isinstance(first.error, ContextOverflowError) else "invalid_value"
-            return error_response(bad(str(first.error), "messages" if kind == "chat" else "prompt", code=code))
+            if isinstance(first.error, ContextOverflowError):
+                return error_response(bad(str(first.error), "messages" if kind == "chat" else "prompt",
+                                          code="context_length_exceeded"))
+            return error_response(bad(str(first.error), code="invalid_value"))
         if not isinstance(first, Admitted):
             text = first.message if isinstance(first, Failed) else str(first)
             return error_response(ApiError(500, f"decoding failed: {text}", type="server_error"))

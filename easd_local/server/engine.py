@@ -71,6 +71,7 @@ class Engine:
         self._on_load_failed = on_load_failed
         self.pair: Pair | None = None
         self.load_error: BaseException | None = None
+        self.crashed: str | None = None  # the engine loop itself died (a bug): nothing more is served
         self.n_slots = 0
         self._sched: Scheduler | None = None
         self._cv = threading.Condition()
@@ -85,7 +86,7 @@ class Engine:
     # ------------------------------------------------------------------ any thread
     @property
     def ready(self) -> bool:
-        return self._ready.is_set() and self.load_error is None and not self._stopping
+        return self._ready.is_set() and self.load_error is None and self.crashed is None and not self._stopping
 
     def start(self) -> None:
         self._thread.start()
@@ -145,6 +146,8 @@ class Engine:
         self._ready.set()
         try:
             self._loop()
+        except BaseException as e:  # noqa: BLE001 - a bug: report it on /health and to every request
+            self.crashed = f"{type(e).__name__}: {e}"
         finally:
             self._shutdown()
 

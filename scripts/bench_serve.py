@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Serving throughput of `easd-local serve`: K concurrent clients, several modes and slot counts.
+
+For each ``--parallel`` value one server process is started (on a free loopback port, with
+the pair given or the catalog default pair); then for each mode and each K in ``--clients``
+K client threads send ``--requests`` streamed chat requests in all (each client sends its
+next request as soon as its last one ended), greedy, the mode set per request. Printed per
+(parallel, mode, K):
+
+* aggregate tokens/s: completion tokens of all requests / wall time from the first request
+  sent to the last one ended;
+* time to first token (the first chunk with text, as the client sees it): p50 and p95;
+* per-request tokens/s: (completion tokens - 1) / (last chunk - first text chunk), median.
+
+Prompts: GSM8K test questions (shipped), one per request in order. Every request's text and
+``timings`` go to ``--json`` if given. Nothing here asserts a speed: it prints figures.
+
+llama.cpp's own ``llama-server`` side by side is not run by this script yet.
+
+Usage::
+
+    nice python scripts/bench_serve.py --pair default --parallel 1,4 --modes target,sd,easd-tf \\
+        --clients 1,2,4,8 --requests 8 --max-tokens 64 [--threads 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXE = [sys.executable, "-c", "from easd_local.cli import main; main()"]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def prompts(n: int) -> list[str]:
+    rows = (ROOT / "easd_local" / "data" / "gsm8k" / "test.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(r)["question"] for r in rows[:n]]
+
+
+class Server:
+    def __init__(self, model_args: list[str], parallel: int, extra: list[str], log_path: Path):
+        self._log = open(log_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(EXE + ["serve", "--port", "0", "--parallel", str(parallel), "--log-level",
+                                            "warning", "--queue", "1000", *model_args, *extra],
+                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.log_path = log_path
+        t_end = time.monotonic() + 600
+        self.base = None
+        while time.monotonic() < t_end and self.base is None:
+            m = re.search(r"listening on (http://\S+?)/v1", log_path.read_text())
+            if m:
+                self.base = m.group(1)
+            elif self.proc.poll() is not None:
+                raise SystemExit(f"server exited:\n{log_path.read_text()}")
+            else:
+                time.sleep(0.1)
+        while time.monotonic() < t_end:
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited:\n{log_path.read_text()}")
+            time.sleep(0.2)
+        raise SystemExit("server did not become ready")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._log.close()
+
+
+def one_request(base: str, prompt: str, mode: str, max_tokens: int) -> dict:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "mode": mode, "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    t0 = time.perf_counter()
+    t_first = t_last = None
+    text, usage, timings = [], None, None
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        for raw in r:
+            line = raw.decode("utf-8").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            obj = json.loads(data)
+            if "error" in obj:
+                raise RuntimeError(obj["error"]["message"])
+            for ch in obj.get("choices", []):
+                piece = ch["delta"].get("content")
+                if piece:
+                    now = time.perf_counter()
+                    t_first = t_first or now
+                    t_last = now
+                    text.append(piece)
+            usage = obj.get("usage") or usage
+            timings = obj.get("timings") or timings
+    t_end = time.perf_counter()
+    n = usage["completion_tokens"] if usage else 0
+    gen = (t_last - t_first) if (t_first and t_last) else 0.0
+    return {"t0": t0, "t_end": t_end, "ttft": (t_first or t_end) - t0, "tokens": n,
+            "tok_s": (n - 1) / gen if gen > 0 and n > 1 else None, "text": "".join(text), "timings": timings}
+
+
+def run_load(base: str, mode: str, k: int, texts: list[str], max_tokens: int) -> list[dict]:
+    todo = list(enumerate(texts))
+    lock = threading.Lock()
+    out: list[dict] = []
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i, prompt = todo.pop(0)
+            try:
+                res = one_request(base, prompt, mode, max_tokens)
+            except BaseException as e:  # noqa: BLE001 - reported after the run
+                errors.append(e)
+                return
+            res["i"] = i
+            with lock:
+                out.append(res)
+
+    threads = [threading.Thread(target=client) for _ in range(k)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise SystemExit(f"{len(errors)} request(s) failed, first: {errors[0]}")
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    idx = min(len(v) - 1, max(0, round(q * (len(v) - 1))))
+    return v[idx]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pair", default=None)
+    ap.add_argument("--draft")
+    ap.add_argument("--target")
+    ap.add_argument("--parallel", default="1,4")
+    ap.add_argument("--modes", default="target,sd,easd-tf")
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--requests", type=int, default=8, help="requests per (parallel, mode, K); at least K")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--log-dir", type=Path, default=Path("/tmp"))
+    a = ap.parse_args()
+    model_args = (["--draft", a.draft, "--target", a.target] if a.draft else (["--pair", a.pair] if a.pair else []))
+    extra = ["--ctx", str(a.ctx)] + (["--threads", str(a.threads)] if a.threads else [])
+    rows = []
+    log(f"load: {os.getloadavg()}")
+    print(f"{'parallel':>8} {'mode':>8} {'K':>3} {'reqs':>4} {'agg tok/s':>10} {'TTFT p50':>9} {'TTFT p95':>9} "
+          f"{'req tok/s p50':>13}")
+    for par in [int(x) for x in a.parallel.split(",")]:
+        server = Server(model_args, par, extra, a.log_dir / f"bench_serve_p{par}.log")
+        try:
+            for mode in a.modes.split(","):
+                one_request(server.base, "warm up", mode, 4)
+                for k in [int(x) for x in a.clients.split(",")]:
+                    texts = prompts(max(a.requests, k))
+                    res = run_load(server.base, mode, k, texts, a.max_tokens)
+                    wall = max(r["t_end"] for r in res) - min(r["t0"] for r in res)
+                    tokens = sum(r["tokens"] for r in res)
+                    ttft = [r["ttft"] for r in res]
+                    per = [r["tok_s"] for r in res if r["tok_s"] is not None]
+                    row = {"parallel": par, "mode": mode, "clients": k, "requests": len(res), "tokens": tokens,
+                           "wall_s": wall, "aggregate_tok_s": tokens / wall, "ttft_p50_s": pct(ttft, 0.5),
+                           "ttft_p95_s": pct(ttft, 0.95), "request_tok_s_p50": statistics.median(per) if per else None,
+                           "load": os.getloadavg()[0], "runs": sorted(res, key=lambda r: r["i"])}
+                    rows.append(row)
+                    print(f"{par:>8} {mode:>8} {k:>3} {len(res):>4} {row['aggregate_tok_s']:>10.2f} "
+                          f"{row['ttft_p50_s']:>9.3f} {row['ttft_p95_s']:>9.3f} "
+                          f"{(row['request_tok_s_p50'] or float('nan')):>13.2f}", flush=True)
+        finally:
+            server.stop()
+    log(f"load: {os.getloadavg()}")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
