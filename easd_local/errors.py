@@ -36,3 +36,7 @@ class RuntimeFailure(EasdError):
 
 class PullError(EasdError):
     """A model could not be fetched or failed verification."""
+
+
+class RpcError(EasdError):
+    """An RPC server cannot be used: no RPC backend, unreachable, wrong version, or lost."""

@@ -57,9 +57,19 @@ class Environment:
     n_gpu_layers_draft: int
     main_gpu: int | None  # None on a build that cannot offload
     parallel: int = 1  # sequences decoded together (batched engine); 1 = one at a time
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers holding target layers
+    rpc_draft: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for key in ("rpc", "rpc_draft", "tensor_split"):
+            # absent when unused, so that environments without RPC keep their env_id
+            if d[key]:
+                d[key] = list(d[key])
+            else:
+                del d[key]
+        return d
 
     @property
     def env_id(self) -> str:
@@ -71,6 +81,7 @@ class Environment:
             n_ctx=self.n_ctx, n_threads=self.threads,
             n_gpu_layers=self.n_gpu_layers_draft if draft else self.n_gpu_layers,
             flash_attn=self.flash_attn, main_gpu=self.main_gpu or 0, n_batch=self.n_batch,
+            rpc=self.rpc_draft if draft else self.rpc, tensor_split=() if draft else self.tensor_split,
         )
 
 
@@ -219,10 +230,13 @@ def environment(target_opts: LoadOptions, draft_opts: LoadOptions | None = None,
         n_batch=n_batch,
         n_ubatch=n_ubatch,
         flash_attn=bool(target_opts.flash_attn),
-        n_gpu_layers=target_opts.n_gpu_layers if offload else 0,
-        n_gpu_layers_draft=draft_opts.n_gpu_layers if offload else 0,
+        n_gpu_layers=target_opts.n_gpu_layers if offload or target_opts.rpc else 0,
+        n_gpu_layers_draft=draft_opts.n_gpu_layers if offload or draft_opts.rpc else 0,
         main_gpu=target_opts.main_gpu if offload else None,
         parallel=parallel,
+        rpc=target_opts.rpc,
+        rpc_draft=draft_opts.rpc,
+        tensor_split=target_opts.tensor_split,
     )
 
 

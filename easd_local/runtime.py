@@ -14,13 +14,15 @@ import codecs
 import ctypes
 import os
 import threading
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from .errors import ContextOverflowError, ModelLoadError, RuntimeFailure
+from . import rpc as _rpc
+from .errors import ConfigError, ContextOverflowError, ModelLoadError, RpcError, RuntimeFailure
 from .gguf_file import check_gguf_file
 
 try:
@@ -41,6 +43,7 @@ class _LogSink:
         self.tail: deque[str] = deque(maxlen=64)
         self._lock = threading.Lock()
         self._partial = ""
+        self.layer_devices: list[str] = []  # device of each layer, in order, since mark()
         # keep a reference: ctypes callbacks must outlive their registration
         self._cb = _ll.llama_log_callback(self._on_log)
 
@@ -57,11 +60,16 @@ class _LogSink:
                 line, self._partial = self._partial.split("\n", 1)
                 if line.strip():
                     self.tail.append(line.strip())
+                # llama.cpp states each layer's device only in its (debug) log:
+                # "load_tensors: layer   3 assigned to device RPC0, is_swa = 0"
+                if line.startswith("load_tensors: layer ") and " assigned to device " in line:
+                    self.layer_devices.append(line.split(" assigned to device ", 1)[1].split(",", 1)[0].strip())
 
     def mark(self) -> int:
         with self._lock:
             self.tail.clear()
             self._partial = ""
+            self.layer_devices = []
         return 0
 
     def errors(self) -> list[str]:
@@ -97,6 +105,8 @@ class LoadOptions:
     seed: int = 0  # kept for symmetry with llama.cpp; sampling happens in rules.py
     n_batch: int = 512
     verbose: bool = False
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) whose devices take layers
+    tensor_split: tuple[float, ...] = ()  # share of offloaded layers per device, as llama.cpp's
 
     def threads(self) -> int:
         return self.n_threads if self.n_threads and self.n_threads > 0 else (os.cpu_count() or 4)
@@ -169,6 +179,197 @@ def backends(info: str) -> list[str]:
     return [item.split(" : ", 1)[0].strip() for item in info.split("|") if " : " in item]
 
 
+# --------------------------------------------------------------------------- devices (RPC)
+# What llama.cpp's own ``--rpc`` does (common/arg.cpp add_rpc_devices): find the "RPC" backend
+# in ggml's registry, take its ggml_backend_rpc_add_server, call that per endpoint, and give
+# the servers' devices to the model (llama_model_params.devices, NULL-terminated). Unlike
+# llama.cpp the per-server registries are not registered globally: a model loaded without
+# --rpc (the draft, usually) keeps llama.cpp's default device choice, which would otherwise
+# put its layers on the RPC servers as well.
+_DEV_GPU, _DEV_IGPU = 1, 2  # enum ggml_backend_dev_type
+_ABORT_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
+_GGML_SIGS = {  # name: (restype, argtypes); in libggml (registry) or libggml-base
+    "ggml_backend_reg_by_name": (ctypes.c_void_p, [ctypes.c_char_p]),
+    "ggml_backend_load": (ctypes.c_void_p, [ctypes.c_char_p]),
+    "ggml_backend_reg_get_proc_address": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
+    "ggml_backend_reg_dev_count": (ctypes.c_size_t, [ctypes.c_void_p]),
+    "ggml_backend_reg_dev_get": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]),
+    "ggml_backend_reg_name": (ctypes.c_char_p, [ctypes.c_void_p]),
+    "ggml_backend_dev_count": (ctypes.c_size_t, []),
+    "ggml_backend_dev_get": (ctypes.c_void_p, [ctypes.c_size_t]),
+    "ggml_backend_dev_type": (ctypes.c_int, [ctypes.c_void_p]),
+    "ggml_backend_dev_name": (ctypes.c_char_p, [ctypes.c_void_p]),
+    "ggml_backend_dev_description": (ctypes.c_char_p, [ctypes.c_void_p]),
+    "ggml_backend_dev_backend_reg": (ctypes.c_void_p, [ctypes.c_void_p]),
+    "ggml_set_abort_callback": (ctypes.c_void_p, [_ABORT_CB]),
+    "ggml_commit": (ctypes.c_char_p, []),
+}
+
+
+class _Devices:
+    """ggml's device registry and the RPC servers this process uses (one per process)."""
+
+    def __init__(self) -> None:
+        libdir = Path(_ll.__file__).parent / "lib"
+        libs = []
+        for stem in ("ggml", "ggml-base"):  # already loaded by libllama: same handles
+            found = [libdir / n for n in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll") if (libdir / n).exists()]
+            if found:
+                libs.append(ctypes.CDLL(str(found[0])))
+        self.fn = {}
+        for name, (res, args) in _GGML_SIGS.items():
+            f = next((getattr(lib, name) for lib in libs if hasattr(lib, name)), None)
+            if f is None:
+                raise RpcError(f"this llama-cpp-python's ggml ({libdir}) lacks {name}: too old for --rpc")
+            f.restype, f.argtypes = res, args
+            self.fn[name] = f
+        self.lock = threading.Lock()
+        self.servers: dict[str, list[int]] = {}  # endpoint -> its devices
+        self._add_server = None
+        self._abort_cb = None
+
+    def _name(self, dev: int) -> str:
+        return (self.fn["ggml_backend_dev_name"](dev) or b"?").decode("utf-8", "replace")
+
+    def label(self, name: str) -> str:
+        """A device name with where it is: ``RPC0 (10.0.0.2:50052)``; local ones as named."""
+        for ep, devs in self.servers.items():
+            if any(self._name(d) == name for d in devs):
+                return f"{name} ({ep})"
+        return name
+
+    def _rpc_backend(self):
+        """ggml_backend_rpc_add_server of the built-in RPC backend, else of the one that
+        scripts/build_rpc.py built (loaded with ggml_backend_load, as GGML_BACKEND_DL does)."""
+        if self._add_server is not None:
+            return self._add_server
+        fn = self.fn
+        reg = fn["ggml_backend_reg_by_name"](b"RPC")
+        if not reg:
+            folder = _rpc.backend_dir()
+            lib = folder / _rpc.LIB_NAME
+            if not lib.is_file():
+                raise RpcError(_rpc.how_to_get())
+            built_for = _rpc.read_build_info(folder).get("ggml_commit")
+            have = (fn["ggml_commit"]() or b"").decode()
+            if built_for != have:
+                raise RpcError(
+                    f"the RPC backend in {folder} was built for ggml {built_for or 'unknown'}, this "
+                    f"llama-cpp-python has ggml {have}: rebuild it with `python scripts/build_rpc.py --force`"
+                )
+            sink = _SINK or _ensure_backend(False)
+            sink.mark()
+            reg = fn["ggml_backend_load"](str(lib).encode())
+            if not reg:
+                why = "; ".join(sink.errors()[-2:]) or "see --verbose"
+                raise RpcError(f"llama.cpp could not load {lib} ({why}): rebuild it with `python scripts/build_rpc.py --force`")
+        addr = fn["ggml_backend_reg_get_proc_address"](reg, b"ggml_backend_rpc_add_server")
+        if not addr:
+            raise RpcError("this llama.cpp's RPC backend has no ggml_backend_rpc_add_server (too old for --rpc)")
+        self._add_server = _ADD_SERVER(addr)
+        return self._add_server
+
+    def _install_abort_handler(self) -> None:
+        # ggml-rpc aborts the process when a server drops (RPC_STATUS_ASSERT -> GGML_ABORT);
+        # ggml calls this first, so the CLI can say so in one line before the process ends.
+        if self._abort_cb is None and _FATAL_HANDLER is not None:
+            self._abort_cb = _ABORT_CB(self._on_abort)
+            self.fn["ggml_set_abort_callback"](self._abort_cb)
+
+    def _on_abort(self, message: bytes) -> None:
+        text = (message or b"").decode("utf-8", "replace").strip()
+        head, sep, rest = text.partition(": ")  # "ggml-rpc.cpp:566: Remote RPC server crashed ..."
+        detail = rest if sep and ".c" in head else text
+        servers = ", ".join(self.servers) or "none"
+        if "rpc" in text.lower():
+            line = f"lost the RPC server ({servers}): {detail}; the run was abandoned"
+        else:
+            line = f"llama.cpp aborted: {detail}"
+        try:
+            _FATAL_HANDLER(line)
+        finally:
+            os._exit(RpcError.exit_code)
+
+    def rpc_devices(self, endpoint: str) -> list[int]:
+        with self.lock:
+            if endpoint not in self.servers:
+                # only on first use: rpc-server serves one client at a time, and once a model
+                # uses the server this process's own connection keeps it busy
+                _rpc.probe(endpoint)
+                add = self._rpc_backend()
+                self._install_abort_handler()
+                reg = add(endpoint.encode())
+                n = int(self.fn["ggml_backend_reg_dev_count"](reg)) if reg else 0
+                if n == 0:
+                    raise RpcError(f"RPC server {endpoint} offers no devices")
+                self.servers[endpoint] = [self.fn["ggml_backend_reg_dev_get"](reg, i) for i in range(n)]
+            return list(self.servers[endpoint])
+
+    def local_gpus(self) -> list[int]:
+        """The local GPUs llama.cpp would pick by default: discrete ones, else integrated.
+        (llama.cpp also skips a GPU seen twice through two backends; not needed here.)"""
+        fn = self.fn
+        gpus: list[int] = []
+        igpus: list[int] = []
+        for i in range(int(fn["ggml_backend_dev_count"]())):
+            dev = fn["ggml_backend_dev_get"](i)
+            kind = fn["ggml_backend_dev_type"](dev)
+            reg_name = (fn["ggml_backend_reg_name"](fn["ggml_backend_dev_backend_reg"](dev)) or b"").decode()
+            if kind == _DEV_GPU and not reg_name.startswith("RPC"):
+                gpus.append(dev)
+            elif kind == _DEV_IGPU:
+                igpus.append(dev)
+        return gpus or igpus
+
+
+_DEVICES: _Devices | None = None
+_FATAL_HANDLER = None
+
+
+def _devices() -> _Devices:
+    global _DEVICES
+    with _INIT_LOCK:
+        if _DEVICES is None:
+            _DEVICES = _Devices()
+        return _DEVICES
+
+
+def set_fatal_handler(handler) -> None:
+    """``handler(message)`` runs when llama.cpp is about to abort the process (an RPC server
+    dropped mid-run): it can report the one line; the process then exits with code 2."""
+    global _FATAL_HANDLER
+    _FATAL_HANDLER = handler
+
+
+def _model_devices(opts: "LoadOptions"):
+    """(NULL-terminated device array or None, ctypes float array or None) for the model
+    parameters. None keeps llama.cpp's default choice (all local GPUs)."""
+    devs = None
+    if opts.rpc:
+        d = _devices()
+        found = [dev for ep in opts.rpc for dev in d.rpc_devices(ep)]
+        # RPC devices first, as llama.cpp orders them ("to minimize network transfers")
+        found += d.local_gpus()
+        devs = (ctypes.c_void_p * (len(found) + 1))(*found, None)
+    split = None
+    if opts.tensor_split:
+        n_max = int(_ll.llama_max_devices())
+        n_dev = len(devs) - 1 if devs is not None else n_max
+        if len(opts.tensor_split) > min(n_dev, n_max):
+            raise ConfigError(
+                f"--tensor-split gives {len(opts.tensor_split)} shares for {min(n_dev, n_max)} devices"
+            )
+        split = (ctypes.c_float * n_max)(*opts.tensor_split)
+    return devs, split
+
+
+def placement(layer_devices: Sequence[str]) -> dict[str, int]:
+    """Layers per device, in first-use order (llama.cpp counts the output layer as one)."""
+    d = _DEVICES
+    return {(d.label(name) if d is not None else name): n for name, n in Counter(layer_devices).items()}
+
+
 # --------------------------------------------------------------------------- the model
 class Model:
     """A loaded GGUF model with one llama.cpp context (one sequence, id 0).
@@ -191,10 +392,16 @@ class Model:
         mparams.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 0x7FFFFFFF
         mparams.main_gpu = opts.main_gpu
         mparams.vocab_only = vocab_only
+        devices, split = _model_devices(opts) if not vocab_only else (None, None)
+        if devices is not None:
+            mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
+        if split is not None:
+            mparams.tensor_split = split
         model = _ll.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
         if not model:
             raise ModelLoadError(self._load_failure_reason(sink))
         self._model = model
+        self.placement = placement(sink.layer_devices)  # device label -> layers
         self._vocab = _ll.llama_model_get_vocab(model)
         self.n_vocab = int(_ll.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(_ll.llama_model_n_ctx_train(model))

@@ -70,3 +70,13 @@ def easd_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("EASD_LOCAL_HOME", str(home))
     monkeypatch.delenv("EASD_LOCAL_CATALOG", raising=False)
     return home
+
+
+def pytest_report_header(config):
+    """Say up front whether the --rpc tests (tests/test_rpc.py) can run or will skip."""
+    from easd_local import rpc
+
+    folder = rpc.backend_dir()
+    if (folder / rpc.SERVER_NAME).is_file() and (folder / rpc.LIB_NAME).is_file():
+        return f"rpc: llama.cpp RPC backend and rpc-server in {folder}"
+    return f"rpc: no RPC backend built in {folder}: --rpc tests skip (python scripts/build_rpc.py builds it)"

@@ -174,7 +174,7 @@ def _run(
     dataset, question_key, answer_key, grader, limit, offset, sample, seed, modes, easd_config, sweep,
     pair, draft, target, yes, out, resume, strict_env, max_tokens, temperature, top_k, top_p, gamma, draft_p_min,
     top_n, overlap, tau_draft, tau_target, penalty, ctx, threads, n_gpu_layers, n_gpu_layers_draft,
-    flash_attn, main_gpu, verbose,
+    flash_attn, main_gpu, verbose, rpc=None, rpc_draft=None, tensor_split=None,
 ) -> None:
     if dataset is None:
         raise ConfigError("--dataset is missing: give a preset (" + ", ".join(
@@ -188,7 +188,8 @@ def _run(
                  tau_target=tau_target, penalty=penalty)
     base = DecodeConfig(max_tokens=runner.DEFAULT_MAX_TOKENS)
     runner.check_methods(methods, base, flags)
-    topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+    topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
+                                  rpc, rpc_draft, tensor_split)
     problems = load_dataset(dataset, question_key, answer_key, grader, limit=limit, offset=offset, sample=sample,
                             seed=0 if seed is None else seed)
     if not problems:
@@ -322,6 +323,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         n_gpu_layers=(_panel(o.NglOpt, P_LLAMA), -1), n_gpu_layers_draft=(_panel(o.NglDraftOpt, P_LLAMA), None),
         flash_attn=(_panel(o.FlashOpt, P_LLAMA), False), main_gpu=(_panel(o.MainGpuOpt, P_LLAMA), 0),
         verbose=(_panel(o.VerboseOpt, P_LLAMA), False),
+        rpc=(_panel(o.RpcOpt, P_LLAMA), None), rpc_draft=(_panel(o.RpcDraftOpt, P_LLAMA), None),
+        tensor_split=(_panel(o.TensorSplitOpt, P_LLAMA), None),
     )
 
     def with_run_options(fn):

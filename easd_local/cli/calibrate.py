@@ -136,6 +136,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         n_gpu_layers_draft: o.NglDraftOpt = None,
         flash_attn: o.FlashOpt = False,
         main_gpu: o.MainGpuOpt = 0,
+        rpc: o.RpcOpt = None,
+        rpc_draft: o.RpcDraftOpt = None,
+        tensor_split: o.TensorSplitOpt = None,
         verbose: o.VerboseOpt = False,
     ) -> None:
         """Measure both models' entropies on a calibration set (target greedy) and optionally write the pair's EASD thresholds."""
@@ -154,7 +157,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                     "--png needs matplotlib, which is not installed: pip install 'easd-local[plot]' (or matplotlib)"
                 ) from None
         name, questions = cal.load_questions(dataset, question_key, limit, allow_test_split)
-        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
+                                      rpc, rpc_draft, tensor_split)
         spec = resolve_pair(pair, draft, target, mode="sd", confirm=confirm_download(yes), progress=pull_progress())
         with open_models(spec.draft, spec.target, topts, dopts) as models:
             base.replace(top_n=top_n_, overlap=tau_o).validate(models.n_vocab)

@@ -20,7 +20,7 @@ from ..resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import confirm_download, pull_progress
-from .render import LEGEND, ORIGIN_STYLE, status_line
+from .render import LEGEND, ORIGIN_STYLE, placement_text, status_line
 
 
 class _Input:
@@ -186,6 +186,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         n_gpu_layers_draft: o.NglDraftOpt = None,
         flash_attn: o.FlashOpt = False,
         main_gpu: o.MainGpuOpt = 0,
+        rpc: o.RpcOpt = None,
+        rpc_draft: o.RpcDraftOpt = None,
+        tensor_split: o.TensorSplitOpt = None,
         verbose: o.VerboseOpt = False,
     ) -> None:
         """Chat with a draft/target pair using EASD (or sd / target / draft / easd-tf).
@@ -200,7 +203,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         flags = o.decode_flags(locals())
         # every value is checked before any model loads
         CHAT_DEFAULTS.replace(**{k: v for k, v in flags.items() if v is not None})
-        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
+                                      rpc, rpc_draft, tensor_split)
         spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=confirm_download(yes),
                             progress=pull_progress())
         why = ""
@@ -215,9 +219,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 thresholds_source=source, transcript=TranscriptWriter.new(), label=spec.label,
             )
             try:
+                where = placement_text(models)
                 _note(f"easd-local chat · {spec.label} · mode {cfg.mode}{f' (auto: {why})' if why else ''} · "
-                      f"context {session.n_ctx} tokens · "
-                      "/help for commands, Ctrl-D to leave")
+                      f"context {session.n_ctx} tokens · " + (f"layers: {where} · " if where else "")
+                      + "/help for commands, Ctrl-D to leave")
                 if show_origin and sys.stdout.isatty():
                     err_console.print(LEGEND)
                 _loop(session, show_origin)

@@ -15,11 +15,27 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _fatal(message: str) -> None:
+    """llama.cpp is about to end the process (an RPC server dropped): say it in one line."""
+    try:
+        sys.stdout.flush()
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    err_console.show_cursor(True)  # a progress bar may have hidden it
+    err_console.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
+
+
 def friendly(fn):
     """Turn EasdError into one line on stderr + its exit code; Ctrl-C into exit 130."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from ..runtime import set_fatal_handler
+
+        set_fatal_handler(_fatal)
         try:
             return fn(*args, **kwargs)
         except EasdError as e:

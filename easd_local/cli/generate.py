@@ -20,7 +20,7 @@ from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import confirm_download, pull_progress
 from ..fsutil import write_jsonl_atomic
-from .render import LEGEND, ORIGIN_STYLE, status_line, trace_rows
+from .render import LEGEND, ORIGIN_STYLE, placement_text, status_line, trace_rows
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
@@ -56,13 +56,17 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         n_gpu_layers_draft: o.NglDraftOpt = None,
         flash_attn: o.FlashOpt = False,
         main_gpu: o.MainGpuOpt = 0,
+        rpc: o.RpcOpt = None,
+        rpc_draft: o.RpcDraftOpt = None,
+        tensor_split: o.TensorSplitOpt = None,
         verbose: o.VerboseOpt = False,
     ) -> None:
         """Generate one completion with EASD (or sd / target / draft / easd-tf) and print statistics."""
         flags = o.decode_flags(locals())
         # every value is checked before any model loads
         DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
-        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
+                                      rpc, rpc_draft, tensor_split)
         if prompt == "-":
             prompt = sys.stdin.read()
         mode_ = mode or "easd"
@@ -112,4 +116,4 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                     out.write(fin.tail)
                 out.write("\n")
                 out.flush()
-                err_console.print(status_line(fin.stats), style="dim")
+                err_console.print(status_line(fin.stats, placement_text(models)), style="dim")

@@ -8,9 +8,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from ..pair import check_pair_files
+from ..pair import check_pair_files, open_models
 from ..runtime import Model
+from . import options as o
 from .common import console, friendly
+
+LAYOUT_CTX = 64  # models check loads the weights to see where they go; the context hardly matters
 
 
 def _size(n: int) -> str:
@@ -53,7 +56,22 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     def check(
         draft: Annotated[Path, typer.Argument(help="Draft GGUF file")],
         target: Annotated[Path, typer.Argument(help="Target GGUF file")],
+        rpc: o.RpcOpt = None,
+        rpc_draft: o.RpcDraftOpt = None,
+        tensor_split: o.TensorSplitOpt = None,
+        n_gpu_layers: o.NglOpt = -1,
+        n_gpu_layers_draft: o.NglDraftOpt = None,
+        main_gpu: o.MainGpuOpt = 0,
     ) -> None:
-        """Check that DRAFT can draft for TARGET (exit 0 compatible, 2 not)."""
+        """Check that DRAFT can draft for TARGET (exit 0 compatible, 2 not). With --rpc, --rpc-draft or
+        --tensor-split the pair is also loaded, and each model's layers are listed by device."""
+        topts, dopts = o.load_options(LAYOUT_CTX, 1, n_gpu_layers, False, main_gpu, False, n_gpu_layers_draft,
+                                      rpc, rpc_draft, tensor_split)
         n_shared = check_pair_files(draft, target)
         console.print(f"compatible: {draft.name} can draft for {target.name} (shared vocabulary {n_shared:,} tokens)")
+        if rpc or rpc_draft or tensor_split:
+            with open_models(draft, target, topts, dopts) as models:
+                for role, m in (("target", models.target), ("draft", models.draft)):
+                    total = sum(m.placement.values())
+                    where = ", ".join(f"{n}/{total} on {dev}" for dev, n in m.placement.items()) or "unknown"
+                    console.print(f"{role} layers: {where}")

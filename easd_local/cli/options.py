@@ -14,6 +14,7 @@ from typing import Annotated
 
 from ..config import DecodeConfig, MODES
 from ..errors import ConfigError
+from ..rpc import parse_endpoints, parse_tensor_split
 from ..runtime import LoadOptions
 
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", help="Draft GGUF file (bypasses the catalog).")]
@@ -28,6 +29,15 @@ NglDraftOpt = Annotated[Optional[int], typer.Option("--n-gpu-layers-draft", help
 FlashOpt = Annotated[bool, typer.Option("--flash-attn/--no-flash-attn", help="Use flash attention.")]
 MainGpuOpt = Annotated[int, typer.Option("--main-gpu", help="GPU index for the models.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log.")]
+RpcOpt = Annotated[Optional[str], typer.Option(
+    "--rpc", metavar="HOST:PORT[,...]",
+    help="Put the target's offloaded layers (--n-gpu-layers) on these llama.cpp rpc-servers (and local GPUs); "
+         "no authentication: trusted networks only.")]
+RpcDraftOpt = Annotated[Optional[str], typer.Option(
+    "--rpc-draft", metavar="HOST:PORT[,...]", help="The same for the draft (default: the draft stays local).")]
+TensorSplitOpt = Annotated[Optional[str], typer.Option(
+    "--tensor-split", metavar="N0,N1,...",
+    help="Target: share of offloaded layers per device, in llama.cpp's order (RPC servers first, then local GPUs).")]
 
 ModeOpt = Annotated[Optional[str], typer.Option("--mode", help=f"Decoding mode: {', '.join(MODES)}.")]
 MaxTokOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Maximum tokens to generate.")]
@@ -45,17 +55,20 @@ PenaltyOpt = Annotated[Optional[float], typer.Option("--penalty", help="EASD: la
 
 
 def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: bool, main_gpu: int, verbose: bool,
-                 n_gpu_layers_draft: int | None = None) -> tuple[LoadOptions, LoadOptions]:
+                 n_gpu_layers_draft: int | None = None, rpc: str | None = None, rpc_draft: str | None = None,
+                 tensor_split: str | None = None) -> tuple[LoadOptions, LoadOptions]:
     """(target options, draft options), validated."""
+    rpc_t, rpc_d = parse_endpoints(rpc, "--rpc"), parse_endpoints(rpc_draft, "--rpc-draft")
+    split = parse_tensor_split(tensor_split)
     if ctx < 16:
         raise ConfigError(f"--ctx must be >= 16, got {ctx}")
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {threads}")
     t = LoadOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                    main_gpu=main_gpu, verbose=verbose)
+                    main_gpu=main_gpu, verbose=verbose, rpc=rpc_t, tensor_split=split)
     d = LoadOptions(n_ctx=ctx, n_threads=threads,
                     n_gpu_layers=n_gpu_layers if n_gpu_layers_draft is None else n_gpu_layers_draft,
-                    flash_attn=flash_attn, main_gpu=main_gpu, verbose=verbose)
+                    flash_attn=flash_attn, main_gpu=main_gpu, verbose=verbose, rpc=rpc_d)
     return t, d
 
 

@@ -14,7 +14,21 @@ LEGEND = (
 )
 
 
-def status_line(s: Stats) -> str:
+def placement_text(models) -> str:
+    """Where each model's layers live, e.g. ``target RPC0 (10.0.0.2:50052) 25/25 · draft CPU 25/25``;
+    empty when every layer is on the local CPU (the usual case, nothing to say)."""
+    parts = []
+    for role in ("target", "draft"):
+        m = getattr(models, role, None)
+        where = getattr(m, "placement", None) or {}
+        if where:
+            total = sum(where.values())
+            parts.append(f"{role} " + " + ".join(f"{dev} {n}/{total}" for dev, n in where.items()))
+    everywhere = {dev for role in ("target", "draft") for dev in (getattr(getattr(models, role, None), "placement", None) or {})}
+    return " · ".join(parts) if everywhere - {"CPU"} else ""
+
+
+def status_line(s: Stats, where: str = "") -> str:
     parts = [f"{s.mode}", f"{s.tokens} tokens", f"{s.tokens_per_s:.1f} tok/s", f"ttft {s.ttft_s:.2f}s"]
     if s.mode in ("sd", "easd"):
         parts += [f"accepted {100 * s.acceptance_rate:.0f}%", f"mean accepted {s.mean_accepted_len:.2f}/verify"]
@@ -25,6 +39,8 @@ def status_line(s: Stats) -> str:
         parts.append(f"τd={s.tau_draft:g} τt={s.tau_target:g} from {s.thresholds_source}")
     if s.stop_reason and s.stop_reason != "eos":
         parts.append(f"stop: {s.stop_reason}")
+    if where:
+        parts.append(f"layers: {where}")
     return " · ".join(parts)
 
 
