@@ -357,8 +357,10 @@ def _model_devices(opts: "LoadOptions"):
         n_max = int(_ll.llama_max_devices())
         n_dev = len(devs) - 1 if devs is not None else n_max
         if len(opts.tensor_split) > min(n_dev, n_max):
+            n = min(n_dev, n_max)
             raise ConfigError(
-                f"--tensor-split gives {len(opts.tensor_split)} shares for {min(n_dev, n_max)} devices"
+                f"--tensor-split gives {len(opts.tensor_split)} shares, but there {'is' if n == 1 else 'are'} "
+                f"{n} device{'' if n == 1 else 's'} to split over"
             )
         split = (ctypes.c_float * n_max)(*opts.tensor_split)
     return devs, split

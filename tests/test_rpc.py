@@ -236,7 +236,7 @@ def test_tensor_split_and_partial_offload(server, tmp_path, tiny_draft, tiny_tar
     assert f"target layers: 3/5 on CPU, 2/5 on RPC0 ({server})" in r.stdout
     r = cli(["models", "check", str(tiny_draft), str(tiny_target), "--rpc", server, "--tensor-split", "1,1"], tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip() == "error: --tensor-split gives 2 shares for 1 devices"
+    assert r.stderr.strip() == "error: --tensor-split gives 2 shares, but there is 1 device to split over"
 
 
 @needs_rpc
