@@ -78,6 +78,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         n_gpu_layers_draft: o.NglDraftOpt = None,
         flash_attn: o.FlashOpt = False,
         main_gpu: o.MainGpuOpt = 0,
+        rpc: o.RpcOpt = None,
+        rpc_draft: o.RpcDraftOpt = None,
+        tensor_split: o.TensorSplitOpt = None,
         verbose: o.VerboseOpt = False,
     ) -> None:
         """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
@@ -91,7 +94,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         flags = o.decode_flags(locals())
         # every value is checked before any model loads
         DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
-        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft)
+        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
+                                      rpc, rpc_draft, tensor_split)
         if parallel < 1:
             raise ConfigError(f"--parallel must be >= 1, got {parallel}")
         if queue < 0:
