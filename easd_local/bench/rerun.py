@@ -3,7 +3,8 @@ new completion is identical or where and why the two part.
 
 :func:`plan_rerun` picks the row and finds its files (nothing is loaded; a missing file or
 one whose sha256 no longer matches is a ConfigError of one line); :func:`rerun` loads the
-models with the row's llama.cpp settings, decodes again and compares token ids. Rows
+models with the row's llama.cpp settings, decodes again and compares token ids as they come
+(stopping at the first difference). Rows
 written before ``completion_tokens`` existed are compared by re-tokenizing their text
 (``retokenized``: a tokenization of the same text may differ from the generated tokens).
 
@@ -66,7 +67,7 @@ class Difference:
 
 @dataclass(frozen=True)
 class RerunResult:
-    tokens: int  # tokens of the new completion
+    tokens: int  # tokens the new run generated (up to and including the first difference)
     recorded_tokens: int
     retokenized: bool  # the recorded tokens come from re-tokenizing the recorded text
     difference: Difference | None  # None: identical
@@ -234,20 +235,30 @@ def rerun(plan: RerunPlan) -> RerunResult:
         main = models.target if models.target is not None else models.draft
         cfg.validate(models.n_vocab)
         prompt = main.chat_tokens(build_messages(row["question"]))
-        fin, _events = decoding.run(models.target, models.draft, prompt, cfg, n_vocab=models.n_vocab,
-                                    thresholds_source=row["stats"].get("thresholds_source", "default"))
-        new = list(fin.tokens)
         recorded = row.get("completion_tokens")
         retokenized = recorded is None
+        eog = main.eog_ids()
         if retokenized:
-            # the recorded text has no end-of-generation token: compare without it
             recorded = main.tokenize(row["completion"], add_special=False, parse_special=False)
-            eog = main.eog_ids()
-            while new and new[-1] in eog:
-                new.pop()
-        k = first_difference(recorded, new)
+        new: list[int] = []
+        k = None
+        events = decoding.generate(models.target, models.draft, prompt, cfg, n_vocab=models.n_vocab,
+                                   thresholds_source=row["stats"].get("thresholds_source", "default"))
+        for ev in events:
+            if isinstance(ev, decoding.Finished):
+                break
+            i = len(new)
+            if retokenized and i == len(recorded) and ev.token in eog:
+                continue  # the recorded text ends where the new run ends generation
+            new.append(ev.token)
+            if i >= len(recorded) or ev.token != recorded[i]:
+                k = i  # stop at the first difference: the rest cannot be compared
+                events.close()
+                break
+        if k is None and len(new) < len(recorded):
+            k = len(new)  # the new completion ended first
         if k is None:
-            return RerunResult(len(fin.tokens), len(recorded), retokenized, None)
+            return RerunResult(len(new), len(recorded), retokenized, None)
         rec_tok = recorded[k] if k < len(recorded) else None
         new_tok = new[k] if k < len(new) else None
         common = list(prompt) + new[:k]
@@ -258,7 +269,7 @@ def rerun(plan: RerunPlan) -> RerunResult:
         char = len(main.detokenize(new[:k]))
         if rec_tok is None or new_tok is None:
             diff = Difference(k, char, rec_tok, new_tok, piece(rec_tok), piece(new_tok), "length", None, None, None)
-            return RerunResult(len(fin.tokens), len(recorded), retokenized, diff)
+            return RerunResult(len(new), len(recorded), retokenized, diff)
         # the model whose choice the token is: the target, except in draft-only mode
         decider = models.draft if cfg.mode == "draft" else models.target
         z = _logits_after(decider, common, models.n_vocab)
@@ -274,4 +285,4 @@ def rerun(plan: RerunPlan) -> RerunResult:
         gap = logits[0] - logits[1]
         diff = Difference(k, char, rec_tok, new_tok, piece(rec_tok), piece(new_tok), classify(gap, gate), gap,
                           logits, gate)
-        return RerunResult(len(fin.tokens), len(recorded), retokenized, diff)
+        return RerunResult(len(new), len(recorded), retokenized, diff)
