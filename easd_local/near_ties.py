@@ -111,9 +111,27 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def topn_boundary_gap(z, n: int) -> float:
+    """Logit gap between a row's n-th and (n+1)-th largest logits: how little it takes to
+    change which tokens are its top-N (and so the top-N overlap)."""
+    import numpy as np
+
+    z = np.asarray(z, dtype=np.float64).reshape(-1)
+    if n >= z.size:
+        return math.inf
+    top = np.partition(z, z.size - n - 1)[z.size - n - 1:]  # the n+1 largest, unordered
+    top.sort()
+    return float(top[1] - top[0])
+
+
 @dataclass(frozen=True)
 class GateState:
-    """The gate's inputs at one position and their distances to the thresholds."""
+    """The gate's inputs at one position and their distances to the thresholds.
+
+    The entropies are near-ties within ``margin`` nats of their thresholds. The overlap is a
+    count of shared top-N tokens; it is a near-tie when one token more or less in the
+    intersection flips its test and either model's N-th and (N+1)-th logits are within
+    ARGMAX_NEAR_TIE (``topn_gaps``)."""
 
     h_target: float
     h_draft: float
@@ -122,6 +140,8 @@ class GateState:
     tau_draft: float
     tau_overlap: float
     margin: float = GATE_MARGIN
+    top_n: int = 0  # 0: overlap near-ties not assessed
+    topn_gaps: tuple[float, float] = (math.inf, math.inf)  # (target, draft)
 
     @property
     def open(self) -> bool:
@@ -129,24 +149,56 @@ class GateState:
 
     @property
     def near(self) -> bool:
+        """An entropy near-tie could flip the decision (what gate_margin counts)."""
         return gate_near_tie(self.h_draft, self.h_target, self.overlap, self.tau_draft, self.tau_target,
                              self.tau_overlap, self.margin)
+
+    @property
+    def overlap_near(self) -> bool:
+        """One top-N membership change (on a top-N boundary within ARGMAX_NEAR_TIE) would
+        flip the overlap's test."""
+        if not self.top_n or min(self.topn_gaps) >= ARGMAX_NEAR_TIE:
+            return False
+        step = 1.0 / self.top_n + 1e-9
+        passes = self.overlap >= self.tau_overlap
+        return (self.overlap - step < self.tau_overlap) if passes else (self.overlap + step >= self.tau_overlap)
+
+    @property
+    def flippable(self) -> bool:
+        """Some near-tie (an entropy within the margin, or the overlap) could flip the decision."""
+        checks = [(self.h_target >= self.tau_target, abs(self.h_target - self.tau_target) < self.margin),
+                  (self.h_draft >= self.tau_draft, abs(self.h_draft - self.tau_draft) < self.margin),
+                  (self.overlap >= self.tau_overlap, self.overlap_near)]
+        if self.open:
+            return any(near for _, near in checks)
+        return all(near for ok, near in checks if not ok)
 
     def describe(self) -> str:
         def one(name: str, v: float, tau: float, what: str) -> str:
             return f"{name} {v:.3f} vs {what} {tau:.3f} ({v - tau:+.3f})"
 
-        return ", ".join([one("H_t", self.h_target, self.tau_target, "tau_target"),
-                          one("H_d", self.h_draft, self.tau_draft, "tau_draft"),
-                          one("overlap", self.overlap, self.tau_overlap, "minimum")])
+        parts = [one("H_t", self.h_target, self.tau_target, "tau_target"),
+                 one("H_d", self.h_draft, self.tau_draft, "tau_draft"),
+                 one("overlap", self.overlap, self.tau_overlap, "minimum")]
+        if self.top_n:
+            parts[-1] += (f" [top-{self.top_n} boundary gaps: target {self.topn_gaps[0]:.3f}, "
+                          f"draft {self.topn_gaps[1]:.3f} logits]")
+        return ", ".join(parts)
 
 
-def classify(logit_gap: float | None, gate_state: GateState | None) -> str:
-    """Why two runs part at a position: a gate decision within the margin of flipping (the
-    EASD modes), else an argmax near-tie (the two tokens' logits within
-    ARGMAX_NEAR_TIE), else a real difference."""
-    if gate_state is not None and gate_state.near:
-        return GATE
+def classify(logit_gap: float | None, gate_state: GateState | None = None, gate_differs: bool | None = None) -> str:
+    """Why two runs part at a position.
+
+    ``gate_differs``: whether the gate decided differently in the two runs (True / False),
+    or None when that cannot be told. A gate that decided differently is a gate near-tie
+    when a near-tie could flip it (:attr:`GateState.flippable`), else a real difference;
+    unknown, an entropy near-tie counts. Otherwise the two tokens' logit gap decides: an
+    argmax near-tie under ARGMAX_NEAR_TIE, else a real difference."""
+    if gate_state is not None and gate_differs is not False:
+        if gate_state.near or (gate_differs and gate_state.flippable):
+            return GATE
+        if gate_differs:
+            return REAL
     if logit_gap is not None and abs(logit_gap) < ARGMAX_NEAR_TIE:
         return ARGMAX
     return REAL

@@ -65,4 +65,24 @@ def test_classify():
     assert classify(3.0, near_gate) == GATE
     assert classify(-0.2, far_gate) == ARGMAX and classify(0.2, None) == ARGMAX
     assert classify(3.0, far_gate) == REAL and classify(-0.7, None) == REAL
+    assert classify(0.2, far_gate, gate_differs=True) == REAL  # the gates differed with nothing near
     assert "H_t 0.720 vs tau_target 0.700 (+0.020)" in near_gate.describe()
+
+
+def test_topn_boundary_gap_and_overlap_near_ties():
+    import numpy as np
+
+    from easd_local.near_ties import GATE, REAL, ARGMAX, GateState, classify, topn_boundary_gap
+
+    assert topn_boundary_gap(np.array([1.0, 5, 3, 4.5, 2]), 2) == 1.5 and topn_boundary_gap(np.array([1.0, 2]), 5) == math.inf
+    base = dict(h_target=1.5, h_draft=1.5, tau_target=TT, tau_draft=TD, tau_overlap=TO, top_n=5)
+    # closed by the overlap alone, one shared token short, on a top-5 boundary 0.1 logits wide
+    st = GateState(overlap=0.4, topn_gaps=(0.1, 2.0), **base)
+    assert not st.open and not st.near and st.overlap_near and st.flippable
+    assert classify(2.0, st, gate_differs=True) == GATE  # the runs' gates differed: a top-N near-tie
+    assert classify(2.0, st, gate_differs=False) == REAL and classify(0.2, st, gate_differs=False) == ARGMAX
+    # the same with wide top-5 boundaries, or two tokens short: a real difference
+    assert classify(2.0, GateState(overlap=0.4, topn_gaps=(1.0, 2.0), **base), gate_differs=True) == REAL
+    assert not GateState(overlap=0.2, topn_gaps=(0.1, 0.1), **base).flippable
+    # open exactly at the minimum: one token fewer closes it
+    assert GateState(overlap=0.6, topn_gaps=(2.0, 0.3), **base).flippable

@@ -69,7 +69,9 @@ def test_rerun_altered_row_names_the_first_difference(made, tmp_path):
     why = lines[1].removeprefix("why: ")
     assert why in (ARGMAX, GATE, REAL)
     gap = float(re.search(r"logit gap new - recorded: ([-+][0-9.]+)", r.stdout).group(1))
-    assert (abs(gap) < 0.5) == (why == ARGMAX) or why == GATE
+    assert why != ARGMAX or abs(gap) < 0.5
+    if "gate: the new run" not in r.stdout:  # the gates did not decide differently: the gap decides
+        assert (abs(gap) < 0.5) == (why == ARGMAX) or why == GATE
     assert "gate open there" in r.stdout or "gate closed there" in r.stdout  # easd-tf: the gate's distances
 
 

@@ -9,14 +9,16 @@ written before ``completion_tokens`` existed are compared by re-tokenizing their
 (``retokenized``: a tokenization of the same text may differ from the generated tokens).
 
 Where the tokens part, the prompt plus the common prefix is evaluated again (one batched
-decode, logits at the last position only) on the deciding model, and on the draft too in
-the EASD modes, to give the logit gap between the two tokens and the gate's distances to
-its thresholds: ``near_ties.classify`` names an argmax near-tie, a gate near-tie or a real
-difference. Nothing here prints.
+decode, logits at the last position only) on the deciding model to give the logit gap
+between the two tokens; in the EASD modes the gate's distances to its thresholds come from
+the new run's own figures at that position (evaluated again on the draft too where the
+lazy gate did not compute them). ``near_ties.classify`` names an argmax near-tie, a gate
+near-tie or a real difference. Nothing here prints.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -26,7 +28,7 @@ import numpy as np
 from .. import decoding, filehash, provenance, rules
 from ..config import DecodeConfig
 from ..errors import ConfigError
-from ..near_ties import GateState, classify, first_difference
+from ..near_ties import GateState, classify, first_difference, topn_boundary_gap
 from ..pair import open_models
 from ..runtime import LoadOptions, Model
 from .prompt import build_messages
@@ -63,6 +65,10 @@ class Difference:
     logit_gap: float | None  # deciding model's logit(new) - logit(recorded) at this position
     logits: tuple[float, float] | None  # (new, recorded)
     gate: GateState | None  # EASD modes: the gate's inputs at this position
+    gate_source: str = ""  # where those figures come from
+    # (new run's gate fired, recorded run's gate fired): greedy EASD only; the recorded one
+    # inferred from its token (the target's runner-up: a fire; its best token: none), None unknown
+    fired: tuple[bool | None, bool | None] = (None, None)
 
 
 @dataclass(frozen=True)
@@ -241,7 +247,7 @@ def rerun(plan: RerunPlan) -> RerunResult:
         if retokenized:
             recorded = main.tokenize(row["completion"], add_special=False, parse_special=False)
         new: list[int] = []
-        k = None
+        k, at_k = None, None
         events = decoding.generate(models.target, models.draft, prompt, cfg, n_vocab=models.n_vocab,
                                    thresholds_source=row["stats"].get("thresholds_source", "default"))
         for ev in events:
@@ -252,7 +258,7 @@ def rerun(plan: RerunPlan) -> RerunResult:
                 continue  # the recorded text ends where the new run ends generation
             new.append(ev.token)
             if i >= len(recorded) or ev.token != recorded[i]:
-                k = i  # stop at the first difference: the rest cannot be compared
+                k, at_k = i, ev  # stop at the first difference: the rest cannot be compared
                 events.close()
                 break
         if k is None and len(new) < len(recorded):
@@ -274,15 +280,28 @@ def rerun(plan: RerunPlan) -> RerunResult:
         decider = models.draft if cfg.mode == "draft" else models.target
         z = _logits_after(decider, common, models.n_vocab)
         logits = (float(z[new_tok]), float(z[rec_tok]))
-        gate = None
+        gate, gate_source, fired = None, "", (None, None)
         if cfg.mode in GATE_MODES and cfg.gate_enabled:
             z_d = _logits_after(models.draft, common, models.n_vocab)
-            gate = GateState(
-                h_target=float(rules.entropy(z)), h_draft=float(rules.entropy(z_d)),
-                overlap=float(rules.top_n_overlap(z_d, z, cfg.top_n)),
-                tau_target=cfg.tau_target, tau_draft=cfg.tau_draft, tau_overlap=cfg.overlap,
-            )
+            taus = dict(tau_target=cfg.tau_target, tau_draft=cfg.tau_draft, tau_overlap=cfg.overlap, top_n=cfg.top_n,
+                        topn_gaps=(topn_boundary_gap(z, cfg.top_n), topn_boundary_gap(z_d, cfg.top_n)))
+            figures = (at_k.h_target, at_k.h_draft, at_k.overlap) if at_k is not None else (None,) * 3
+            if all(f is not None and not math.isnan(f) for f in figures):
+                # what the new run's gate decided on, as the generation computed it
+                gate = GateState(h_target=figures[0], h_draft=figures[1], overlap=figures[2], **taus)
+                gate_source = "the new run's own figures"
+            else:  # the lazy gate stopped early there (or never looked): evaluate all three
+                gate = GateState(h_target=float(rules.entropy(z)), h_draft=float(rules.entropy(z_d)),
+                                 overlap=float(rules.top_n_overlap(z_d, z, cfg.top_n)), **taus)
+                gate_source = "evaluated again after the prompt and the common tokens"
+            if cfg.greedy and at_k is not None:
+                # greedy: a fire emits the target's runner-up, anything else its best token
+                best = int(np.argmax(z))
+                second = int(rules.runner_up(z, best))
+                rec_fired = True if rec_tok == second else False if rec_tok == best else None
+                fired = (at_k.origin == decoding.EASD, rec_fired)
+        gate_differs = None if fired[0] is None or fired[1] is None else fired[0] != fired[1]
         gap = logits[0] - logits[1]
-        diff = Difference(k, char, rec_tok, new_tok, piece(rec_tok), piece(new_tok), classify(gap, gate), gap,
-                          logits, gate)
+        diff = Difference(k, char, rec_tok, new_tok, piece(rec_tok), piece(new_tok),
+                          classify(gap, gate, gate_differs), gap, logits, gate, gate_source, fired)
         return RerunResult(len(new), len(recorded), retokenized, diff)

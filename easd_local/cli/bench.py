@@ -415,8 +415,12 @@ def print_rerun(results: Path, qid: str, method: str, pair: str | None, draft: P
         lines = [f"why: {d.kind}"]
         lines.append(f"  logit gap new - recorded: {d.logit_gap:+.3f} ({where}: {d.logits[0]:.3f} vs {d.logits[1]:.3f}; "
                      f"an argmax near-tie is under {ARGMAX_NEAR_TIE})")
+        if d.fired[0] is not None:
+            rec = {True: "fired (its token is the target's runner-up)", False: "did not fire (its token is the target's "
+                   "best)", None: "unknown (its token is neither the target's best nor its runner-up)"}[d.fired[1]]
+            lines.append(f"  gate: {'fired' if d.fired[0] else 'did not fire'} in the new run; in the recorded run: {rec}")
         if d.gate is not None:
-            lines.append(f"  gate {'open' if d.gate.open else 'closed'} there: {d.gate.describe()} "
+            lines.append(f"  gate {'open' if d.gate.open else 'closed'} there ({d.gate_source}): {d.gate.describe()} "
                          f"(a gate near-tie is within {d.gate.margin} nats)")
         for line in lines:
             console.print(Text(line), soft_wrap=True)
