@@ -196,7 +196,7 @@ def plan_rerun(rows: Sequence[dict], qid: str, method: str, pair: str | None = N
         notes.append(f"the row records no model hashes: using {where}, unverified")
     if env is not None:
         try:
-            e = provenance.Environment(**env)
+            e = provenance.Environment(**{k: tuple(v) if isinstance(v, list) else v for k, v in env.items()})
         except TypeError:  # written by another version: take what it says
             e = None
         topts = e.load_options() if e else _opts_from(env, draft=False)
