@@ -6,6 +6,16 @@ directly (not ``llama_cpp.Llama``) because speculative decoding needs two things
 high-level class does not give cheaply: logits for a handful of chosen positions of one
 batch (``logits_all=True`` would allocate n_ctx × n_vocab floats, 2.5 GB with a 152k
 vocabulary), and exact control of the KV cache (roll back to the accepted prefix).
+
+Several sequences (``LoadOptions.n_seq``): one context holds up to ``n_seq`` sequences,
+ids 0..n_seq-1, each with its own positions, KV cells and token mirror, and
+:meth:`Model.decode_batch` evaluates tokens of several of them in one ``llama_decode``.
+The KV cache is *unified* (``kv_unified``): one buffer of ``n_seq × n_ctx`` cells shared
+by all sequences. With separate per-sequence buffers llama.cpp splits a batch into
+ubatches holding the same number of tokens of every sequence (``split_equal``), so a
+batch of verify blocks of different lengths would run as several graphs; unified, it
+runs as one. ``n_ctx`` is the context of each sequence (what ``--ctx`` says): this
+module never lets a sequence grow past it, so the ``n_seq`` sequences always fit.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -107,6 +117,7 @@ class LoadOptions:
     verbose: bool = False
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) whose devices take layers
     tensor_split: tuple[float, ...] = ()  # share of offloaded layers per device, as llama.cpp's
+    n_seq: int = 1  # sequences the context holds (bench --parallel); n_ctx is per sequence
 
     def threads(self) -> int:
         return self.n_threads if self.n_threads and self.n_threads > 0 else (os.cpu_count() or 4)
@@ -158,6 +169,36 @@ def tensor_type_histogram(path: str | os.PathLike) -> dict[str, int]:
         name = gguf.GGMLQuantizationType(t.tensor_type).name
         hist[name] = hist.get(name, 0) + 1
     return dict(sorted(hist.items(), key=lambda kv: -kv[1]))
+
+
+def padded_ctx(n_ctx: int) -> int:
+    """The context llama.cpp actually allocates for ``n_ctx`` (it rounds up to 256)."""
+    return -(-max(1, n_ctx) // 256) * 256
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can still hand out (Linux MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+class Part(NamedTuple):
+    """One sequence's share of a batched decode: ``tokens`` appended at the end of sequence
+    ``seq``, logits returned for the indices in ``logits_at`` (negatives from the end)."""
+
+    seq: int
+    tokens: Sequence[int]
+    logits_at: Sequence[int] = (-1,)
 
 
 def gpu_offload_supported() -> bool:
@@ -374,9 +415,11 @@ def placement(layer_devices: Sequence[str]) -> dict[str, int]:
 
 # --------------------------------------------------------------------------- the model
 class Model:
-    """A loaded GGUF model with one llama.cpp context (one sequence, id 0).
+    """A loaded GGUF model with one llama.cpp context holding ``n_seq`` sequences.
 
-    ``tokens`` mirrors what is in the KV cache: ``tokens[i]`` sits at position i.
+    Each sequence has a token mirror of what is in its KV cells: ``seq_tokens(s)[i]`` sits at
+    position i of sequence s. The single-sequence API (``tokens``, ``n_past``, ``decode``,
+    ``rollback``, ``common_prefix`` without ``seq``) is sequence 0.
     """
 
     def __init__(self, path: str | os.PathLike, opts: LoadOptions = LoadOptions(), *, vocab_only: bool = False):
@@ -386,7 +429,9 @@ class Model:
         self._model = None
         self._ctx = None
         self._batch = None
-        self._tokens: list[int] = []
+        self.n_seq = max(1, int(opts.n_seq))
+        self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
+        self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
         sink = _ensure_backend(opts.verbose)
         sink.mark()
 
@@ -413,11 +458,27 @@ class Model:
         if vocab_only:
             return
 
+        if self.n_seq > 256:  # llama.cpp's LLAMA_MAX_SEQ
+            self.close()
+            raise ModelLoadError(f"{self.path.name}: at most 256 sequences per context, asked for {self.n_seq}")
+        per_seq = padded_ctx(opts.n_ctx if opts.n_ctx > 0 else self.n_ctx_train)
+        n_ctx = per_seq * self.n_seq
+        need = self.kv_cache_bytes(n_ctx)
+        if opts.n_gpu_layers == 0:  # on the GPU llama.cpp itself refuses what does not fit
+            avail = available_memory()
+            if avail is not None and need > avail:
+                self.close()
+                raise ModelLoadError(
+                    f"{self.path.name}: a KV cache for {self.n_seq} sequence{'s' if self.n_seq != 1 else ''} × "
+                    f"{per_seq} tokens needs {fmt_bytes(need)}, but only {fmt_bytes(avail)} of memory is free "
+                    "(lower --parallel or --ctx)"
+                )
         cparams = _ll.llama_context_default_params()
-        n_ctx = opts.n_ctx if opts.n_ctx > 0 else self.n_ctx_train
         cparams.n_ctx = n_ctx
+        # one ubatch per batch: a verify block (or a step of all sequences) is one graph
         cparams.n_batch, cparams.n_ubatch = opts.batch_sizes(n_ctx)
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = self.n_seq
+        cparams.kv_unified = True  # see the module docstring
         cparams.n_threads = opts.threads()
         cparams.n_threads_batch = opts.threads()
         cparams.flash_attn_type = (
@@ -428,10 +489,15 @@ class Model:
         if not ctx:
             reason = "; ".join(sink.errors()[-2:]) or "llama.cpp could not create a context"
             self.close()
-            raise ModelLoadError(f"{self.path}: {reason} (try a smaller --ctx)")
+            hint = "try a smaller --ctx" + (" or --parallel" if self.n_seq > 1 else "")
+            raise ModelLoadError(
+                f"{self.path}: {reason} (a KV cache of {fmt_bytes(need)} for {self.n_seq} × {per_seq} tokens; {hint})"
+            )
         self._ctx = ctx
         self._mem = _ll.llama_get_memory(ctx)
-        self.n_ctx = int(_ll.llama_n_ctx(ctx))
+        self.n_ctx_total = int(_ll.llama_n_ctx(ctx))
+        self.n_ctx = self.n_ctx_total // self.n_seq  # per sequence
+        self.kv_bytes = self.kv_cache_bytes(self.n_ctx_total)
         self.n_batch = int(cparams.n_batch)
         self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
 
@@ -514,6 +580,14 @@ class Model:
             buf = ctypes.create_string_buffer(n + 1)
             _ll.llama_model_meta_val_str(self._model, key.encode(), buf, ctypes.sizeof(buf))
         return buf.value.decode("utf-8", errors="replace")
+
+    def kv_cache_bytes(self, n_cells: int) -> int:
+        """Bytes of an f16 K+V cache of ``n_cells`` cells (llama.cpp's default cache type)."""
+        n_layer = int(_ll.llama_model_n_layer(self._model))
+        n_head = max(1, int(_ll.llama_model_n_head(self._model)))
+        n_head_kv = int(_ll.llama_model_n_head_kv(self._model))
+        head_dim = int(_ll.llama_model_n_embd(self._model)) // n_head
+        return 2 * n_layer * n_head_kv * head_dim * 2 * int(n_cells)
 
     def chat_template(self) -> str | None:
         ptr = _ll.llama_model_chat_template(self._model, None)
@@ -639,38 +713,57 @@ class Model:
     # ------------------------------------------------------------------ KV cache
     @property
     def tokens(self) -> list[int]:
-        """Tokens currently in the KV cache (a copy)."""
+        """Tokens currently in sequence 0's KV cells (a copy)."""
         return list(self._tokens)
 
     @property
     def n_past(self) -> int:
         return len(self._tokens)
 
-    def rollback(self, n: int) -> None:
-        """Drop KV entries from position ``n`` on. Recurrent/hybrid models cannot do this
-        (llama_memory_seq_rm returns False): that is an error, never silent corruption."""
+    def seq_tokens(self, seq: int) -> list[int]:
+        """Tokens currently in sequence ``seq``'s KV cells (a copy)."""
+        return list(self._seqs[seq])
+
+    def seq_len(self, seq: int) -> int:
+        return len(self._seqs[seq])
+
+    def _seq_rm(self, seq: int, p0: int) -> bool:
+        # only this sequence's cells from p0 on; a negative seq id would mean "every sequence"
+        assert 0 <= seq < self.n_seq
+        return bool(_ll.llama_memory_seq_rm(self._mem, seq, p0, -1))
+
+    def rollback(self, n: int, seq: int = 0) -> None:
+        """Drop sequence ``seq``'s KV entries from position ``n`` on (no other sequence's).
+        Recurrent/hybrid models cannot do this (llama_memory_seq_rm returns False): that is
+        an error, never silent corruption."""
         if n < 0:
             raise ValueError("rollback position must be >= 0")
-        if n >= len(self._tokens):
+        mirror = self._seqs[seq]
+        if n >= len(mirror):
             return
-        ok = _ll.llama_memory_seq_rm(self._mem, 0, n, -1)
-        if not ok:
+        if not self._seq_rm(seq, n):
             raise RuntimeFailure(
                 f"{self.path.name}: llama.cpp cannot roll its KV cache back to position {n} "
                 f"(architecture '{self.architecture}' keeps recurrent state); speculative decoding needs a "
                 "transformer whose cache can be truncated"
             )
-        del self._tokens[n:]
+        del mirror[n:]
 
     def reset(self) -> None:
+        """Empty every sequence."""
         _ll.llama_memory_clear(self._mem, True)
-        self._tokens.clear()
+        for mirror in self._seqs:
+            mirror.clear()
 
-    def common_prefix(self, tokens: Sequence[int], start: int = 0) -> int:
-        """Length of the longest common prefix of the cache and ``tokens``; the caller may
-        vouch that the first ``start`` tokens already agree."""
-        n = max(0, min(start, len(self._tokens), len(tokens)))
-        mine = self._tokens
+    def reset_seq(self, seq: int) -> None:
+        """Empty sequence ``seq`` only."""
+        self.rollback(0, seq)
+
+    def common_prefix(self, tokens: Sequence[int], start: int = 0, seq: int = 0) -> int:
+        """Length of the longest common prefix of sequence ``seq``'s cache and ``tokens``;
+        the caller may vouch that the first ``start`` tokens already agree."""
+        mine = self._seqs[seq]
+        n = max(0, min(start, len(mine), len(tokens)))
         for i in range(n, min(len(mine), len(tokens))):
             if mine[i] != tokens[i]:
                 return i
@@ -678,73 +771,109 @@ class Model:
         return n
 
     # ------------------------------------------------------------------ decode
-    def decode(self, tokens: Sequence[int], *, start_pos: int | None = None, logits_at: Sequence[int] = (-1,)) -> np.ndarray:
-        """Evaluate ``tokens`` at positions start_pos, start_pos+1, ... and return the logits
-        for the token indices in ``logits_at`` (indices into ``tokens``; negatives count from
-        the end) as one compact float32 array of shape (len(logits_at), n_vocab).
+    def decode(
+        self, tokens: Sequence[int], *, start_pos: int | None = None, logits_at: Sequence[int] = (-1,), seq: int = 0
+    ) -> np.ndarray:
+        """Evaluate ``tokens`` at positions start_pos, start_pos+1, ... of sequence ``seq``
+        and return the logits for the token indices in ``logits_at`` (indices into
+        ``tokens``; negatives count from the end) as one compact float32 array of shape
+        (len(logits_at), n_vocab).
 
-        ``start_pos`` defaults to the end of the cache; an earlier start rolls back first.
+        ``start_pos`` defaults to the end of the sequence; an earlier start rolls back first.
         Only the requested rows are computed by llama.cpp and copied out."""
         if self._ctx is None:
             raise RuntimeFailure(f"{self.path.name}: model was loaded vocab-only or closed")
-        n = len(tokens)
+        n_have = len(self._seqs[seq])
         if start_pos is None:
-            start_pos = len(self._tokens)
-        if start_pos > len(self._tokens):
-            raise ValueError(f"start_pos {start_pos} is past the cache end {len(self._tokens)}")
-        want = sorted({(i + n) if i < 0 else i for i in logits_at})
+            start_pos = n_have
+        if start_pos > n_have:
+            raise ValueError(f"start_pos {start_pos} is past the cache end {n_have}")
+        part = Part(seq, tokens, logits_at)
+        self._check(part, start_pos)
+        self.rollback(start_pos, seq)
+        return self.decode_batch([part])[0]
+
+    def _check(self, part: Part, start: int) -> list[int]:
+        """The sorted distinct rows ``part`` asks for; ValueError / ContextOverflowError for a
+        part that cannot be decoded at ``start``."""
+        n = len(part.tokens)
+        want = sorted({(i + n) if i < 0 else i for i in part.logits_at})
         if want and (want[0] < 0 or want[-1] >= n):
-            raise ValueError(f"logits_at {list(logits_at)} out of range for {n} tokens")
-        if n == 0:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        if start_pos + n > self.n_ctx:
+            raise ValueError(f"logits_at {list(part.logits_at)} out of range for {n} tokens")
+        if start + n > self.n_ctx:
             raise ContextOverflowError(
-                f"context full: {start_pos + n} tokens needed, the context holds {self.n_ctx} (raise --ctx)"
+                f"context full: {start + n} tokens needed, the context holds {self.n_ctx} (raise --ctx)"
             )
-        self.rollback(start_pos)
-        # A Ctrl-C that lands between llama_decode returning and the bookkeeping below can
-        # leave entries the cache list does not know about; clear them before writing.
-        _ll.llama_memory_seq_rm(self._mem, 0, start_pos, -1)
-        row_of = {idx: r for r, idx in enumerate(want)}
-        order = [row_of[(i + n) if i < 0 else i] for i in logits_at]
-        out = np.empty((len(want), self.n_vocab), dtype=np.float32)
+        return want
+
+    def decode_batch(self, parts: Sequence[Part]) -> list[np.ndarray]:
+        """Evaluate several sequences' tokens in one ``llama_decode`` (several when they
+        exceed n_batch): each part's tokens are appended at the end of its sequence. Returns,
+        per part, its requested rows as one compact float32 array (len(logits_at), n_vocab).
+
+        At most one part per sequence. A failed decode leaves every sequence as it was."""
+        if self._ctx is None:
+            raise RuntimeFailure(f"{self.path.name}: model was loaded vocab-only or closed")
+        seen: set[int] = set()
+        starts: list[int] = []
+        wants: list[list[int]] = []
+        for p in parts:
+            if not 0 <= p.seq < self.n_seq:
+                raise ValueError(f"sequence {p.seq} out of range (the context holds {self.n_seq})")
+            if p.seq in seen:
+                raise ValueError(f"sequence {p.seq} appears twice in one batch")
+            seen.add(p.seq)
+            start = len(self._seqs[p.seq])
+            wants.append(self._check(p, start))
+            starts.append(start)
+        outs = [np.empty((len(w), self.n_vocab), dtype=np.float32) for w in wants]
+        # (part, token index, wanted row or -1) in batch order; a Ctrl-C that lands between
+        # llama_decode returning and the bookkeeping below can leave cells the mirror does
+        # not know about: clear them before writing
+        flat: list[tuple[int, int, int]] = []
+        for k, (p, want) in enumerate(zip(parts, wants)):
+            if not p.tokens:
+                continue
+            self._seq_rm(p.seq, starts[k])
+            row_of = {idx: r for r, idx in enumerate(want)}
+            flat.extend((k, j, row_of.get(j, -1)) for j in range(len(p.tokens)))
         batch = self._batch
-        wanted = set(want)
-        for c0 in range(0, n, self.n_batch):
-            chunk = tokens[c0 : c0 + self.n_batch]
-            outs: list[int] = []
-            for j, tok in enumerate(chunk):
-                batch.token[j] = tok
-                batch.pos[j] = start_pos + c0 + j
+        for c0 in range(0, len(flat), self.n_batch):
+            chunk = flat[c0 : c0 + self.n_batch]
+            outs_at: list[tuple[int, int, int]] = []
+            for j, (k, i, row) in enumerate(chunk):
+                p = parts[k]
+                batch.token[j] = p.tokens[i]
+                batch.pos[j] = starts[k] + i
                 batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = 0
-                flag = (c0 + j) in wanted
-                batch.logits[j] = flag
-                if flag:
-                    outs.append(j)
+                batch.seq_id[j][0] = p.seq
+                batch.logits[j] = row >= 0
+                if row >= 0:
+                    outs_at.append((j, k, row))
             batch.n_tokens = len(chunk)
             rc = _ll.llama_decode(self._ctx, batch)
             if rc != 0:
-                # leave the cache as it was before this call
-                self._tokens.extend(tokens[:c0])
-                try:
-                    _ll.llama_memory_seq_rm(self._mem, 0, len(self._tokens), -1)
-                finally:
-                    pass
+                # leave every sequence as it was before this call
+                for k, p in enumerate(parts):
+                    self._seq_rm(p.seq, starts[k])
                 if rc == 1:
                     raise ContextOverflowError(f"{self.path.name}: no room left in the KV cache (raise --ctx)")
                 if rc == 2:
                     raise KeyboardInterrupt
                 raise RuntimeFailure(f"{self.path.name}: llama_decode failed with code {rc}")
-            for j in outs:
+            for j, k, row in outs_at:
                 ptr = _ll.llama_get_logits_ith(self._ctx, j)
                 if not ptr:
                     raise RuntimeFailure(f"{self.path.name}: llama.cpp returned no logits for batch index {j}")
-                out[row_of[c0 + j]] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-        self._tokens.extend(tokens)
-        if order == list(range(len(want))):
-            return out
-        return out[order]
+                outs[k][row] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        for p in parts:
+            self._seqs[p.seq].extend(p.tokens)
+        result = []
+        for p, want, out in zip(parts, wants, outs):
+            n = len(p.tokens)
+            order = [want.index((i + n) if i < 0 else i) for i in p.logits_at]
+            result.append(out if order == list(range(len(want))) else out[order])
+        return result
 
 
 class Detokenizer:
