@@ -220,14 +220,14 @@ def test_session_trim_keeps_system_and_refuses_huge(tiny_draft, tiny_target, tmp
 # --------------------------------------------------------------------------- KV reuse
 def test_second_turn_evaluates_only_new_tokens(tiny_draft, tiny_target, tmp_path, monkeypatch):
     evaluated: dict[str, int] = {"target": 0, "draft": 0}
-    real_decode = Model.decode
+    real_decode = Model.decode_batch
 
-    def counting(self, tokens, **kw):
+    def counting(self, parts):
         who = "draft" if "draft" in self.path.name else "target"
-        evaluated[who] += len(tokens)
-        return real_decode(self, tokens, **kw)
+        evaluated[who] += sum(len(p.tokens) for p in parts)
+        return real_decode(self, parts)
 
-    monkeypatch.setattr(Model, "decode", counting)
+    monkeypatch.setattr(Model, "decode_batch", counting)
     pair, s = _session(tiny_draft, tiny_target, tmp_path, mode="sd", max_tokens=8, temperature=0.0)
     with pair:
         s.system = "You are a helpful assistant who answers every question in a calm and precise manner."
