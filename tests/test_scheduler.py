@@ -35,7 +35,7 @@ TEXTS = ["The quick brown fox", "Once upon a time there", "In the beginning", "W
 
 @pytest.fixture(scope="module")
 def pair(tiny_draft, tiny_target):
-    p = load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=512, n_threads=2, n_seq=4))
+    p = load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=512, n_threads=1, n_seq=4))
     yield p
     p.close()
 
@@ -266,7 +266,7 @@ def test_newcomers_join_between_steps(pair):
 def test_one_sequence_ends_while_the_others_go_on(tiny_draft, tiny_target):
     """EOS (a stop token) in one sequence and the end of its context in another, while the
     rest run to their token budget."""
-    with load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=256, n_threads=2, n_seq=4)) as p:
+    with load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=256, n_threads=1, n_seq=4)) as p:
         short = p.target.tokenize(TEXTS[0])
         cfg = cfg_of("easd", max_tokens=40)
         ref, _ = solo(p, short, cfg, 0)
