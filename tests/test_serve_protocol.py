@@ -20,7 +20,7 @@ def _expected(text: str, stops: list[str]) -> str:
     return text[: min(hits)] if hits else text
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(text=st.text(alphabet="abc\n", max_size=40), stops=st.lists(st.text(alphabet="abc\n", max_size=4), max_size=3),
        cuts=st.lists(st.integers(0, 40), max_size=12))
 def test_stop_matcher_equals_cutting_the_whole_text(text, stops, cuts):
@@ -30,6 +30,15 @@ def test_stop_matcher_equals_cutting_the_whole_text(text, stops, cuts):
     out = "".join(m.feed(p) for p in pieces) + m.flush()
     assert out == _expected(text, stops)
     assert m.stopped == (out != text or any(s and s in text for s in stops))
+
+
+def test_stop_matcher_waits_for_a_longer_stop_that_began_first():
+    # "\n" completes first, but "a\na" began earlier and completes with the next piece
+    m = StopMatcher(["a\na", "\n"])
+    assert m.feed("a\n") == "" and not m.stopped
+    assert m.feed("a") == "" and m.stopped
+    m = StopMatcher(["a\na", "\n"])
+    assert m.feed("a\n") == "" and m.feed("b") == "a" and m.stopped
 
 
 def test_stop_matcher_holds_back_a_possible_start():

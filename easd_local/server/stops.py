@@ -25,26 +25,40 @@ class StopMatcher:
         if not self.stops:
             self._held = ""
             return buf
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
+        hit = self._first_hit(buf)
+        # a longer stop that began before the hit may still complete (stops "a\na" and
+        # "\n", text "a\n" then "a"): the earliest start wins, as when cutting the whole text
+        pending = self._first_pending(buf, len(buf) if hit is None else hit)
+        if hit is not None and pending is None:
             self.stopped = True
             self._held = ""
-            return buf[: min(hits)]
-        keep = self._partial_suffix(buf)
-        self._held = buf[len(buf) - keep:] if keep else ""
-        return buf[: len(buf) - keep]
+            return buf[:hit]
+        cut = len(buf) if pending is None else pending
+        self._held = buf[cut:]
+        return buf[:cut]
 
     def flush(self) -> str:
-        """At the end of generation: what is still held back (it never became a stop string)."""
-        out, self._held = ("" if self.stopped else self._held), ""
-        return out
+        """At the end of generation: what is still held back, cut at a stop string it holds."""
+        if self.stopped:
+            return ""
+        buf, self._held = self._held, ""
+        hit = self._first_hit(buf)
+        if hit is None:
+            return buf
+        self.stopped = True
+        return buf[:hit]
 
-    def _partial_suffix(self, buf: str) -> int:
-        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""
-        best = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(buf)), best, -1):
-                if buf.endswith(s[:n]):
-                    best = n
-                    break
-        return best
+    def _first_hit(self, buf: str) -> int | None:
+        """Where the earliest complete stop string in ``buf`` starts."""
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        return min(hits) if hits else None
+
+    def _first_pending(self, buf: str, limit: int) -> int | None:
+        """The earliest position before ``limit`` from which the rest of ``buf`` is a proper
+        prefix of a stop string (so the next piece may complete it)."""
+        longest = max(len(s) for s in self.stops)
+        for p in range(max(0, len(buf) - longest + 1), limit):
+            rest = buf[p:]
+            if any(len(rest) < len(s) and s.startswith(rest) for s in self.stops):
+                return p
+        return None
