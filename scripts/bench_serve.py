@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -177,6 +178,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp"))
     a = ap.parse_args()
+    # a SIGTERM (timeout, kill) ends through the finally blocks, so the server process is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model_args = (["--draft", a.draft, "--target", a.target] if a.draft else (["--pair", a.pair] if a.pair else []))
     extra = ["--ctx", str(a.ctx)] + (["--threads", str(a.threads)] if a.threads else [])
     rows = []
