@@ -216,6 +216,23 @@ def test_disconnect_frees_the_slot(server, client, model_name):
     assert r.usage.completion_tokens >= 1
 
 
+def test_a_request_joins_the_running_batch(server, client, model_name):
+    """With --parallel 4, a short request sent while a long one streams is served at once,
+    not after it: right after it returns, the long one still holds its slot."""
+    long = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Tell me a story"}],
+                                          max_tokens=900, stream=True)
+    it = iter(long)
+    next(it), next(it)
+    short = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "ok"}],
+                                           max_tokens=5)
+    running = metric_values(http("GET", server.base + "/metrics")[2])[("easd_requests_processing", frozenset())]
+    rest = list(it)
+    assert short.usage.completion_tokens >= 1
+    assert running == 1, "the short request was not served while the long one was decoding"
+    long_t = rest[-1].model_extra["timings"]
+    assert long_t["predicted_n"] > 100, long_t  # the long one really was long (no early end of text)
+
+
 BAD = [
     # (name, path, body or raw bytes, status, param, code)
     ("malformed json", "/v1/chat/completions", b'{"messages": [', 400, None, None),

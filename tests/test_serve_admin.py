@@ -156,7 +156,7 @@ def test_taken_port_is_one_clear_error(tiny_draft, tiny_target, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("flag,value,message", [("--parallel", "0", "--parallel must be >= 1"),
+@pytest.mark.parametrize("flag,value,message", [("--parallel", "0", "--parallel must be between 1 and 256"),
                                                 ("--queue", "-1", "--queue must be >= 0"),
                                                 ("--api-key", " ", "is empty")])
 def test_bad_server_flags(flag, value, message, tmp_path):

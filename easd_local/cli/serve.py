@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
@@ -66,7 +67,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         penalty: o.PenaltyOpt = None,
         host: Annotated[str, typer.Option("--host", help="Address to bind (default: loopback only).")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port", help="Port (0 = any free port, printed at start).")] = 8080,
-        parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together (slots).")] = 1,
+        parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together in one batch per step "
+                                                                 "(slots; KV cache: N x --ctx).")] = 4,
         queue: Annotated[int, typer.Option("--queue", help="Requests that may wait for a slot; past it: 503.")] = 64,
         api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="EASD_LOCAL_API_KEY",
                            help="Require 'Authorization: Bearer KEY' (all endpoints but /health).")] = None,
@@ -96,8 +98,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
         topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
                                       rpc, rpc_draft, tensor_split)
-        if parallel < 1:
-            raise ConfigError(f"--parallel must be >= 1, got {parallel}")
+        if not 1 <= parallel <= 256:  # 256: llama.cpp's LLAMA_MAX_SEQ
+            raise ConfigError(f"--parallel must be between 1 and 256, got {parallel}")
+        # contexts that hold one sequence per slot, each with --ctx tokens of its own
+        topts, dopts = replace(topts, n_seq=parallel), replace(dopts, n_seq=parallel)
         if queue < 0:
             raise ConfigError(f"--queue must be >= 0, got {queue}")
         if not 0 <= port <= 65535:

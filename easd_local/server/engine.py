@@ -22,9 +22,7 @@ from typing import Callable
 from ..decoding import Finished, TokenEvent
 from ..errors import EasdError
 from ..pair import Pair
-# The sequential fallback until the batched engine (easd_local/scheduler.py) lands; it has
-# the same interface, and this is the only import to change.
-from ..scheduler_fallback import Failed, Request, Scheduler
+from ..scheduler import Failed, Request, Scheduler
 from .metrics import Metrics
 from .responses import finish_reason
 
