@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from . import rules
+from .runtime import Part
 from .errors import ConfigError
 from .fsutil import write_jsonl_atomic
 
@@ -211,13 +212,13 @@ def load_questions(dataset: str, question_key: str | None = None, limit: int | N
 # ------------------------------------------------------------------------------ collecting
 
 
-def _prefill(model, tokens: Sequence[int]) -> None:
-    """Cache := ``tokens`` (nothing evaluated for the prefix already there)."""
-    keep = model.common_prefix(tokens)
-    model.rollback(keep)
+def _prefill(model, tokens: Sequence[int], seq: int = 0) -> None:
+    """Sequence ``seq``'s cache := ``tokens`` (nothing evaluated for the prefix already there)."""
+    keep = model.common_prefix(tokens, seq=seq)
+    model.rollback(keep, seq)
     rest = list(tokens[keep:])
     if rest:
-        model.decode(rest, logits_at=())
+        model.decode_batch([Part(seq, rest, ())])
 
 
 def _top_sets(z: np.ndarray, n: int) -> np.ndarray:
@@ -234,15 +235,19 @@ def collect(
     top_n: int = 5,
     n_vocab: int | None = None,
     chunk: int = DEFAULT_CHUNK,
+    parallel: int = 1,
     progress: Callable[[int, int, int], None] | None = None,
 ) -> Trace:
     """Greedy target-only decoding of each prompt (token ids), recording both models'
-    entropies and the top-N overlap at every generated position. ``progress(done, total,
-    positions)`` is called after each prompt."""
+    entropies and the top-N overlap at every generated position. ``parallel`` questions
+    decode together (one target batch per step, sequences 0..parallel-1; the models must
+    hold that many). ``progress(done, total, positions)`` is called after each question."""
     if max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
+    if parallel < 1 or parallel > min(target.n_seq, draft.n_seq):
+        raise ConfigError(f"--parallel must be between 1 and the models' {min(target.n_seq, draft.n_seq)} sequences")
     V = n_vocab or min(draft.n_vocab, target.n_vocab)
     n = min(int(top_n), V)
     if n < 1:
@@ -251,54 +256,68 @@ def collect(
     eog = target.eog_ids()
     ctx = min(target.n_ctx, draft.n_ctx)
     t0 = time.perf_counter()
+    prompts = [list(p) for p in prompts]
     for qi, prompt in enumerate(prompts):
-        prompt = list(prompt)
         if not prompt:
             raise ConfigError(f"question {qi} rendered to an empty prompt")
         if len(prompt) + 1 > ctx:
             raise ConfigError(f"question {qi} is {len(prompt)} tokens; the context holds {ctx} (raise --ctx)")
-        trace.prompt_tokens += len(prompt)
-        # ---- target: greedy, one step at a time
+    for g0 in range(0, len(prompts), parallel):
+        group = prompts[g0 : g0 + parallel]
+        for prompt in group:
+            trace.prompt_tokens += len(prompt)
+        # ---- target: greedy, one step of every question of the group per batch
         ts = time.perf_counter()
-        _prefill(target, prompt[:-1])
-        last = prompt[-1]
-        toks: list[int] = []
-        h_t: list[float] = []
-        top_t: list[np.ndarray] = []
-        for _ in range(max_tokens):
-            if target.n_past + 1 > ctx:
+        for k, prompt in enumerate(group):
+            _prefill(target, prompt[:-1], k)
+        last = [p[-1] for p in group]
+        toks: list[list[int]] = [[] for _ in group]
+        h_t: list[list[float]] = [[] for _ in group]
+        top_t: list[list[np.ndarray]] = [[] for _ in group]
+        live = list(range(len(group)))
+        while live:
+            live = [k for k in live if len(toks[k]) < max_tokens and target.seq_len(k) + 1 <= ctx]
+            if not live:
                 break
-            z = target.decode([last])[:, :V]
-            h_t.append(float(rules.entropy(z)[0]))
-            top_t.append(_top_sets(z, n)[0])
-            tok = int(np.argmax(z[0]))
-            toks.append(tok)
-            if tok in eog:
-                break
-            last = tok
+            zs = target.decode_batch([Part(k, [last[k]]) for k in live])
+            for k, z in zip(live, zs):
+                z = z[:, :V]
+                h_t[k].append(float(rules.entropy(z)[0]))
+                top_t[k].append(_top_sets(z, n)[0])
+                tok = int(np.argmax(z[0]))
+                toks[k].append(tok)
+                last[k] = tok
+            live = [k for k in live if toks[k][-1] not in eog]
         trace.seconds_target += time.perf_counter() - ts
-        # ---- draft: prompt + completion, logits at the generated positions, chunked
+        # ---- draft: prompt + completion, logits at the generated positions, in chunks
+        # (one draft batch per chunk across the group)
         ts = time.perf_counter()
-        seq = prompt + toks
-        start = len(prompt) - 1  # seq[start + i] is evaluated to predict toks[i]
-        _prefill(draft, seq[:start])
-        h_d: list[float] = []
-        ov: list[float] = []
-        agree: list[bool] = []
-        for c0 in range(0, len(toks), chunk):
-            seg = seq[start + c0 : start + min(c0 + chunk, len(toks))]
-            zd = draft.decode(seg, logits_at=range(len(seg)))[:, :V]
-            h_d.extend(rules.entropy(zd).tolist())
-            sd = _top_sets(zd, n)
-            st = np.stack(top_t[c0 : c0 + len(seg)])
-            common = (sd[:, :, None] == st[:, None, :]).any(axis=-1).sum(axis=-1)
-            ov.extend((common / float(n)).tolist())
-            agree.extend((np.argmax(zd, axis=-1) == np.asarray(toks[c0 : c0 + len(seg)])).tolist())
+        seqs = [p + t for p, t in zip(group, toks)]
+        starts = [len(p) - 1 for p in group]  # seqs[k][start + i] is evaluated to predict toks[k][i]
+        for k in range(len(group)):
+            _prefill(draft, seqs[k][: starts[k]], k)
+        h_d: list[list[float]] = [[] for _ in group]
+        ov: list[list[float]] = [[] for _ in group]
+        agree: list[list[bool]] = [[] for _ in group]
+        for c0 in range(0, max((len(t) for t in toks), default=0), chunk):
+            ks = [k for k in range(len(group)) if c0 < len(toks[k])]
+            segs = {k: seqs[k][starts[k] + c0 : starts[k] + min(c0 + chunk, len(toks[k]))] for k in ks}
+            zds = draft.decode_batch([Part(k, segs[k], range(len(segs[k]))) for k in ks])
+            for k, zd in zip(ks, zds):
+                zd = zd[:, :V]
+                seg = segs[k]
+                h_d[k].extend(rules.entropy(zd).tolist())
+                sd = _top_sets(zd, n)
+                st = np.stack(top_t[k][c0 : c0 + len(seg)])
+                common = (sd[:, :, None] == st[:, None, :]).any(axis=-1).sum(axis=-1)
+                ov[k].extend((common / float(n)).tolist())
+                agree[k].extend((np.argmax(zd, axis=-1) == np.asarray(toks[k][c0 : c0 + len(seg)])).tolist())
         trace.seconds_draft += time.perf_counter() - ts
-        trace.extend(qi, h_d, h_t, ov, agree)
-        trace.n_questions += 1
-        if progress is not None:
-            progress(qi + 1, len(prompts), trace.positions)
+        for k in range(len(group)):
+            trace.extend(g0 + k, h_d[k], h_t[k], ov[k], agree[k])
+            trace.n_questions += 1
+            if progress is not None:
+                progress(g0 + k + 1, len(prompts), trace.positions)
     trace.seconds = time.perf_counter() - t0
     return trace
 

@@ -130,18 +130,20 @@ def generate(
     n_vocab: int | None = None,
     thresholds_source: str = "default",
     stop_tokens: Sequence[int] = (),
+    rng_seed: int | None = None,
 ) -> Iterator[Event]:
     """Decode from ``prompt`` with ``cfg.mode``; yield TokenEvents then one Finished.
 
     The one-sequence case of :class:`easd_local.scheduler.Scheduler` (slot 0, whose
     caches it reuses by longest common prefix). ``n_vocab`` is the shared vocabulary of
-    the pair (logits beyond it are ignored). A failure inside the sequence is raised."""
+    the pair (logits beyond it are ignored); ``rng_seed`` seeds the sampling generator
+(default ``cfg.seed``). A failure inside the sequence is raised."""
     from .pair import Pair
     from .scheduler import Failed, Request, Scheduler
 
     V = n_vocab or min(m.n_vocab for m in (target, draft) if m is not None)
     sched = Scheduler(Pair(draft=draft, target=target, n_vocab=V), 1)
-    sched.submit(Request(prompt, cfg, thresholds_source=thresholds_source, stop_tokens=stop_tokens))
+    sched.submit(Request(prompt, cfg, thresholds_source=thresholds_source, stop_tokens=stop_tokens, rng_seed=rng_seed))
     while True:
         for _rid, ev in sched.step():
             if isinstance(ev, Failed):

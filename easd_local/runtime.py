@@ -464,7 +464,7 @@ class Model:
         per_seq = padded_ctx(opts.n_ctx if opts.n_ctx > 0 else self.n_ctx_train)
         n_ctx = per_seq * self.n_seq
         need = self.kv_cache_bytes(n_ctx)
-        if opts.n_gpu_layers == 0:  # on the GPU llama.cpp itself refuses what does not fit
+        if opts.n_gpu_layers == 0 or not gpu_offload_supported():  # on a GPU llama.cpp refuses it itself
             avail = available_memory()
             if avail is not None and need > avail:
                 self.close()

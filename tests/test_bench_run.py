@@ -55,7 +55,7 @@ def keys_of(rows):
 def test_three_problems_three_modes(tmp_path, tiny_draft, tiny_target):
     out = tmp_path / "r.jsonl"
     r = bench("--dataset", "gsm8k", "--limit", 3, "--modes", "target,sd,easd",
-              *files(tiny_draft, tiny_target), *FAST, "--out", out)
+              *files(tiny_draft, tiny_target), *FAST, "--parallel", 1, "--out", out)
     assert r.exit_code == 0, r.output
     rows = rows_of(out)
     assert len(rows) == 9
@@ -213,7 +213,78 @@ def test_missing_dataset_or_out():
     assert r.exit_code == 2 and "--out is missing" in r.output
 
 
+def test_parallel_rows_equal_one_at_a_time(tmp_path, tiny_draft, tiny_target):
+    """--parallel 3: the same rows as --parallel 1 (greedy; up to a near-tie, and on the
+    tiny pair none parts them), each written once, with parallel in the provenance."""
+    rows = {}
+    for n in (1, 3):
+        out = tmp_path / f"r{n}.jsonl"
+        r = bench("--dataset", "gsm8k", "--limit", 5, "--modes", "target,sd,easd-tf",
+                  *files(tiny_draft, tiny_target), *FAST, "--parallel", n, "--out", out)
+        assert r.exit_code == 0, r.output
+        assert f"{n} sequence{'s' if n > 1 else ''} at a time (--parallel)" in r.stderr and "KV cache" in r.stderr
+        rows[n] = {tuple(k): row for k, row in zip(keys_of(rows_of(out)), rows_of(out))}
+        assert len(rows[n]) == 15 == len(rows_of(out))
+        assert all(row["provenance"]["env"]["parallel"] == n for row in rows[n].values())
+    assert rows[1].keys() == rows[3].keys()
+    same = sum(rows[1][k]["completion_tokens"] == rows[3][k]["completion_tokens"] for k in rows[1])
+    assert same >= 14, f"{15 - same} rows differ between --parallel 1 and 3"
+    for k in rows[1]:  # statistics identities hold per row
+        s = rows[3][k]["stats"]
+        if s["mode"] == "sd":
+            assert s["draft_accepted"] + s["sd_rejections"] + s["easd_fires"] + s["bonus"] == s["tokens"]
+
+
+def test_parallel_that_does_not_fit_is_refused_in_one_line(tmp_path, tiny_draft, tiny_target, monkeypatch):
+    from easd_local import runtime
+
+    monkeypatch.setattr(runtime, "available_memory", lambda: 10_000)
+    out = tmp_path / "r.jsonl"
+    r = bench("--dataset", "gsm8k", "--limit", 2, "--modes", "target", *files(tiny_draft, tiny_target), *FAST,
+              "--parallel", 8, "--out", out)
+    assert r.exit_code == 2
+    assert "KV cache for 8 sequences × 1024 tokens needs" in r.stderr and "lower --parallel or --ctx" in r.stderr
+    assert "Traceback" not in r.output and not (out.exists() and out.read_text())
+    r = bench("--dataset", "gsm8k", "--limit", 2, *files(tiny_draft, tiny_target), *FAST, "--parallel", 0,
+              "--out", out)
+    assert r.exit_code == 2 and "--parallel must be between 1 and 256" in r.stderr
+
+
 # ---------------------------------------------------------------------- resume
+
+
+def test_resume_after_sigkill_of_a_parallel_run(tmp_path, tiny_draft, tiny_target):
+    """bench --parallel 3 killed with SIGKILL mid-run, then resumed: every row exactly once."""
+    out = tmp_path / "r.jsonl"
+    args = ["bench", "--dataset", "gsm8k", "--limit", "9", "--modes", "target,sd", "--parallel", "3",
+            *map(str, files(tiny_draft, tiny_target)), *FAST, "--out", str(out)]
+    cmd = [sys.executable, "-c", "from easd_local.cli import main; main()"]
+    proc = subprocess.Popen(cmd + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if out.exists() and out.read_bytes().count(b"\n") >= 4:
+                break
+            time.sleep(0.002)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    data = out.read_bytes()
+    before = [json.loads(line) for line in data[: data.rfind(b"\n")].split(b"\n")]  # the complete rows
+    assert 4 <= len(before) < 18
+    r = runner.invoke(app, args + ["--resume"])
+    assert r.exit_code == 0, r.output
+    rows = load_results(out)
+    assert rows.torn_lines == 0
+    expected = [("gsm8k", f"gsm8k-test-{i:05d}", m, f"{tiny_draft.stem}+{tiny_target.stem}")
+                for i in range(9) for m in ("target", "sd")]
+    got = keys_of(rows)
+    assert sorted(got) == sorted(expected) and len(set(got)) == len(got)  # nothing lost, nothing twice
+    assert got[: len(before)] == keys_of(before)  # the finished rows kept as they were
+    assert "already there" in r.stderr
+
+
 
 
 def test_resume_after_kill_between_rows(tmp_path, tiny_draft, tiny_target):

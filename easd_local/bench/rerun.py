@@ -248,8 +248,11 @@ def rerun(plan: RerunPlan) -> RerunResult:
             recorded = main.tokenize(row["completion"], add_special=False, parse_special=False)
         new: list[int] = []
         k, at_k = None, None
+        # the row's own generator seed (rows of the batched runner record it; older ones
+        # used the configuration's seed)
         events = decoding.generate(models.target, models.draft, prompt, cfg, n_vocab=models.n_vocab,
-                                   thresholds_source=row["stats"].get("thresholds_source", "default"))
+                                   thresholds_source=row["stats"].get("thresholds_source", "default"),
+                                   rng_seed=row.get("rng_seed"))
         for ev in events:
             if isinstance(ev, decoding.Finished):
                 break

@@ -8,6 +8,15 @@ Order of work: pairs outermost (each pair's models are loaded once), then proble
 methods, so that one problem's methods run back to back and any drift in machine load
 hits every method of a problem alike (the paired comparisons in the report rely on that).
 
+Parallel (``--parallel N``, the models' ``LoadOptions.n_seq``): N problems of one method
+decode together in the batched engine (``easd_local.scheduler``). Problems are taken in
+windows of ``WINDOW × N``; each method runs over a window with N sequences in flight, a
+slot refilled as soon as its sequence finishes, so the methods of a problem still run
+close together in time. At N = 1 the window is one problem: the order above. A row is
+written when its own sequence finishes. Each sequence's random generator is seeded from
+``--seed`` and the problem (:func:`problem_seed`), never from its slot, so a row does not
+depend on N beyond llama.cpp's batched numerics (greedy: near-ties).
+
 Durability: every row is appended as one JSON line, flushed and fsynced before the next
 generation starts. A run killed at any moment loses at most the row being written; a
 torn last line is cut away when the run is resumed, and rows already present (keyed by
@@ -24,6 +33,7 @@ The file is strict JSON (``allow_nan=False``): see the schema for how infinities
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
@@ -33,12 +43,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .. import decoding, provenance
 from ..config import MODES, DecodeConfig, field_name, parse_value
-from ..errors import ConfigError
+from ..errors import ConfigError, RuntimeFailure
 from ..near_ties import gate_margin
 from ..pair import open_models
 from ..provenance import Environment
 from ..resolve import PairSpec, resolve_config, resolve_pair
 from ..runtime import LoadOptions
+from ..scheduler import Failed, Request, Scheduler
 from .datasets import Problem
 from .grading import is_correct
 from .prompt import build_messages
@@ -46,6 +57,22 @@ from .schema import make_row, row_env, stored_config, validate_row
 
 DEFAULT_MODES = ("target", "sd", "easd")
 DEFAULT_MAX_TOKENS = 1024
+WINDOW = 4  # problems per window, in units of --parallel
+
+
+def default_parallel(gpu: bool) -> int:
+    """--parallel when not given. CPU: 4 -- a step's weights are read once for the whole
+    batch, so on a memory-bound CPU four one-token sequences cost about two one-token
+    steps (measured on this 2-core machine: scripts/bench_batch.py, README), while the KV
+    cache (4 × --ctx) stays small. GPU: 8 -- the GPU has compute to spare at small
+    batches, more so; not measured here (no GPU)."""
+    return 8 if gpu else 4
+
+
+def problem_seed(seed: int, dataset: str, qid: str) -> int:
+    """A sequence's generator seed: from --seed and the problem, never the batch slot."""
+    digest = hashlib.sha256(f"{seed}\0{dataset}\0{qid}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
 
 Key = tuple[str, str, str, str]  # (dataset, qid, method, pair)
 
@@ -263,6 +290,11 @@ class Plan:
     env: Environment | None = None  # recorded in every row (prepare() fills it in)
 
     @property
+    def parallel(self) -> int:
+        """Sequences decoded together (``--parallel``): the contexts' sequence count."""
+        return max(1, self.target_opts.n_seq)
+
+    @property
     def methods(self) -> list[str]:
         return [r.method.name for r in self.pairs[0].runs] if self.pairs else []
 
@@ -428,6 +460,9 @@ class PairLoading:
 class PairLoaded:
     pair: str
     seconds: float
+    kv_bytes: int = 0  # both models' KV caches (they grow with --parallel × --ctx)
+    parallel: int = 1
+    n_ctx: int = 0  # per sequence
 
 
 @dataclass(frozen=True)
@@ -552,11 +587,13 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                     run.cfg.validate(models.n_vocab)
                 except ConfigError as e:
                     raise ConfigError(f"{run.method.origin} (pair {pr.label}): {e}") from None
-            yield PairLoaded(pr.label, time.perf_counter() - t0)
-            # the prompt goes through the target's chat template (the draft's when no target)
-            main = models.target if models.target is not None else models.draft
             present = [m for m in (models.target, models.draft) if m is not None]
             n_ctx = min(m.n_ctx for m in present)
+            yield PairLoaded(pr.label, time.perf_counter() - t0, sum(m.kv_bytes for m in present),
+                             plan.parallel, n_ctx)
+            # the prompt goes through the target's chat template (the draft's when no target)
+            main = models.target if models.target is not None else models.draft
+            ready: list[tuple[Problem, list[int], list[MethodRun]]] = []
             for prob, runs in todo:
                 prompt = main.chat_tokens(build_messages(prob.question))
                 # decoding.generate's own test, made once per problem against the smallest
@@ -565,27 +602,49 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                     detail = f"its prompt is {len(prompt)} tokens"
                     yield Skipped(pr.label, prob, context_reason(n_ctx), detail, len(runs))
                     continue
-                for run in runs:
-                    yield Working(pr.label, prob, run.method.name)
-                    # Fresh caches before every generation. Decoding would otherwise reuse
-                    # the prompt the previous method left in the KV cache, so every method
-                    # after the first of a problem would skip its prompt evaluation and
-                    # look faster (seconds_total and ttft include the prompt). Resetting
-                    # makes each method pay for its own prompt.
-                    for m in present:
-                        m.reset()
-                    fin, events = decoding.run(
-                        models.target, models.draft, prompt, run.cfg,
-                        n_vocab=models.n_vocab, thresholds_source=run.source,
-                    )
-                    margin = gate_margin(events, run.cfg.tau_draft, run.cfg.tau_target, run.cfg.overlap)
-                    correct, extracted = is_correct(fin.text, prob.gold, prob.grader)
-                    row = make_row(
-                        dataset=prob.dataset, qid=prob.qid, index=prob.index, method=run.method.name,
-                        pair=pr.label, config=run.config, question=prob.question, gold=prob.gold,
-                        completion=fin.text, extracted=extracted, correct=correct,
-                        # to_dict: strict JSON, a gate that is off (tau inf) stored as "inf"
-                        stats={**fin.stats.to_dict(), **margin.to_stats()}, provenance=prov, completion_tokens=fin.tokens,
-                    )
-                    out.append(row)
-                    yield RowDone(row)
+                ready.append((prob, prompt, runs))
+            sched = Scheduler(models, plan.parallel)
+            size = 1 if plan.parallel == 1 else WINDOW * plan.parallel
+            for w0 in range(0, len(ready), size):
+                window = ready[w0 : w0 + size]
+                for run in pr.runs:
+                    items = [(prob, prompt) for prob, prompt, runs in window if run in runs]
+                    yield from _run_method(sched, pr, run, items, prov, out)
+
+
+def _run_method(sched: Scheduler, pr: PairRun, run: MethodRun, items, prov: dict, out: ResultsFile) -> Iterator[Event]:
+    """Decode ``items`` (problem, prompt) with one method, ``sched.n_parallel`` at a time;
+    append each row as its sequence finishes."""
+    pending = list(reversed(items))
+    inflight: dict[int, tuple[Problem, int]] = {}
+    events: dict[int, list[decoding.TokenEvent]] = {}
+    while pending or inflight:
+        while pending and sched.free_slots():
+            prob, prompt = pending.pop()
+            yield Working(pr.label, prob, run.method.name)
+            # Fresh caches for every generation (reuse_cache=False). Decoding would otherwise
+            # reuse the prompt the previous method left in the slot, so every method after
+            # the first of a problem would skip its prompt evaluation and look faster
+            # (seconds_total and ttft include the prompt).
+            seed = problem_seed(run.cfg.seed, prob.dataset, prob.qid)
+            rid = sched.submit(Request(prompt, run.cfg, thresholds_source=run.source, reuse_cache=False, rng_seed=seed))
+            inflight[rid] = (prob, seed)
+        for rid, ev in sched.step():
+            if isinstance(ev, Failed):
+                raise ev.error if ev.error is not None else RuntimeFailure(ev.message)
+            if not isinstance(ev, decoding.Finished):
+                events.setdefault(rid, []).append(ev)
+                continue
+            prob, seed = inflight.pop(rid)
+            margin = gate_margin(events.pop(rid, []), run.cfg.tau_draft, run.cfg.tau_target, run.cfg.overlap)
+            correct, extracted = is_correct(ev.text, prob.gold, prob.grader)
+            row = make_row(
+                dataset=prob.dataset, qid=prob.qid, index=prob.index, method=run.method.name,
+                pair=pr.label, config=run.config, question=prob.question, gold=prob.gold,
+                completion=ev.text, extracted=extracted, correct=correct,
+                # to_dict: strict JSON, a gate that is off (tau inf) stored as "inf"
+                stats={**ev.stats.to_dict(), **margin.to_stats()}, provenance=prov, completion_tokens=ev.tokens,
+                rng_seed=seed,
+            )
+            out.append(row)
+            yield RowDone(row)

@@ -14,7 +14,10 @@ every speculative field. Extra keys (top level or in ``stats``) are allowed and 
 
 Rows written since provenance was added also carry ``provenance`` (``provenance.Provenance
 .to_dict()``: ``env_id``, ``env``, and the ``draft`` / ``target`` files with their sha256)
-and ``completion_tokens`` (the generated token ids). Older rows lack both: readers treat
+and ``completion_tokens`` (the generated token ids); rows of the batched runner also carry
+``rng_seed``, the seed of the sequence's own random generator (from ``--seed`` and the
+problem: ``runner.problem_seed``; without it the generator was seeded with
+``config["seed"]``). Older rows lack these: readers treat
 their environment as unknown (:func:`row_env_id` gives None) and their models as unnamed.
 
 Non-finite numbers: strict JSON has no Infinity or NaN (jq and most non-Python readers
@@ -184,6 +187,7 @@ def make_row(
     stats: dict[str, Any],
     provenance: dict[str, Any] | None = None,
     completion_tokens: list[int] | None = None,
+    rng_seed: int | None = None,
 ) -> dict[str, Any]:
     """Build and validate a row; stats fields not given default to 0 ("" for texts).
 
@@ -209,6 +213,8 @@ def make_row(
         row["provenance"] = provenance
     if completion_tokens is not None:
         row["completion_tokens"] = [int(t) for t in completion_tokens]
+    if rng_seed is not None:
+        row["rng_seed"] = int(rng_seed)
     return validate_row(row)
 
 

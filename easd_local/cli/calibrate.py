@@ -140,6 +140,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         rpc_draft: o.RpcDraftOpt = None,
         tensor_split: o.TensorSplitOpt = None,
         verbose: o.VerboseOpt = False,
+        parallel: o.ParallelOpt = None,
     ) -> None:
         """Measure both models' entropies on a calibration set (target greedy) and optionally write the pair's EASD thresholds."""
         base = DecodeConfig()
@@ -159,6 +160,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         name, questions = cal.load_questions(dataset, question_key, limit, allow_test_split)
         topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
                                       rpc, rpc_draft, tensor_split)
+        parallel, topts, dopts = o.parallel_options(parallel, topts, dopts)
         spec = resolve_pair(pair, draft, target, mode="sd", confirm=confirm_download(yes), progress=pull_progress())
         with open_models(spec.draft, spec.target, topts, dopts) as models:
             base.replace(top_n=top_n_, overlap=tau_o).validate(models.n_vocab)
@@ -179,7 +181,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                                           f"{time.perf_counter() - t0:.0f} s")
 
                 tr = cal.collect(models.draft, models.target, prompts, max_tokens=max_tokens, top_n=top_n_,
-                                 n_vocab=models.n_vocab, progress=on_progress)
+                                 n_vocab=models.n_vocab, parallel=parallel, progress=on_progress)
         if tr.positions == 0:
             raise ConfigError("no positions were generated (every question ended at once); nothing to calibrate")
         s = cal.summary(tr, tau_o)

@@ -72,6 +72,27 @@ def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: b
     return t, d
 
 
+ParallelOpt = Annotated[Optional[int], typer.Option(
+    "--parallel", metavar="N",
+    help="Decode N problems together, one llama.cpp batch per step (bench: N problems of a method; "
+    "KV cache: N × --ctx). "
+    "Default 4 on a CPU build, 8 when layers are offloaded to a GPU; 1 = one at a time.")]
+
+
+def parallel_options(parallel: int | None, topts: LoadOptions, dopts: LoadOptions) -> tuple[int, LoadOptions, LoadOptions]:
+    """(N, target options, draft options) for ``--parallel``: contexts holding N sequences."""
+    from dataclasses import replace
+
+    from ..bench.runner import default_parallel
+    from ..runtime import gpu_offload_supported
+
+    if parallel is None:
+        parallel = default_parallel(gpu_offload_supported() and topts.n_gpu_layers != 0)
+    if not 1 <= parallel <= 256:
+        raise ConfigError(f"--parallel must be between 1 and 256, got {parallel}")
+    return parallel, replace(topts, n_seq=parallel), replace(dopts, n_seq=parallel)
+
+
 DECODE_FLAGS = ("mode", "max_tokens", "temperature", "top_k", "top_p", "seed", "gamma", "draft_p_min",
                 "top_n", "overlap", "tau_draft", "tau_target", "penalty")
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Throughput of the batched engine: aggregate and per-sequence tokens/s of each mode at
+B = 1, 2, 4, 8 sequences decoding together, and the peak RSS of each B; plus the B = 1
+path (decoding.generate, what chat uses) against the single-sequence loop it replaced,
+side by side (controller share of wall time, tokens/s).
+
+    python scripts/bench_batch.py                              # the default catalog pair
+    python scripts/bench_batch.py --draft D.gguf --target T.gguf --batches 1,2,4 --prompts 8
+
+Every B decodes the same prompts (the first --prompts GSM8K test questions through the
+chat template, greedy, --max-tokens each), B at a time with a slot refilled as soon as its
+sequence finishes. Each B runs in a fresh subprocess (its contexts hold B sequences, so
+its peak RSS is its own). Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from easd_local import decoding  # noqa: E402
+from easd_local.bench.datasets import load_dataset  # noqa: E402
+from easd_local.bench.prompt import build_messages  # noqa: E402
+from easd_local.config import DecodeConfig  # noqa: E402
+from easd_local.pair import load_pair  # noqa: E402
+from easd_local.runtime import LoadOptions  # noqa: E402
+from easd_local.scheduler import Failed, Request, Scheduler  # noqa: E402
+
+
+def default_pair() -> tuple[Path, Path, DecodeConfig]:
+    from easd_local.resolve import resolve_config, resolve_pair
+
+    spec = resolve_pair(None, None, None, mode="easd", confirm=lambda n: False)
+    cfg, _ = resolve_config(DecodeConfig(), spec, {})
+    return spec.draft, spec.target, cfg
+
+
+def one_b(a) -> dict:
+    """Run every mode at B = a.one_b in this process; return the figures."""
+    B = a.one_b
+    base = DecodeConfig(max_tokens=a.max_tokens, gamma=a.gamma, tau_draft=a.tau_draft, tau_target=a.tau_target)
+    pair = load_pair(a.draft, a.target, LoadOptions(n_ctx=a.ctx, n_threads=a.threads, n_seq=B))
+    problems = load_dataset("gsm8k", limit=a.prompts)
+    prompts = [pair.target.chat_tokens(build_messages(p.question)) for p in problems]
+    out = {"B": B, "kv_bytes": pair.target.kv_bytes + pair.draft.kv_bytes, "modes": {}}
+    for mode in a.modes.split(","):
+        cfg = base.replace(mode=mode)
+        pair.target.reset()
+        pair.draft.reset()
+        sched = Scheduler(pair, B)
+        queue = list(reversed(prompts))
+        stats = []
+        t0 = time.perf_counter()
+        while queue or sched.active:
+            while queue and sched.free_slots():
+                sched.submit(Request(queue.pop(), cfg, reuse_cache=False))
+            for _rid, ev in sched.step():
+                if isinstance(ev, Failed):
+                    raise SystemExit(f"{mode}: {ev.message}")
+                if isinstance(ev, decoding.Finished):
+                    stats.append(ev.stats)
+        wall = time.perf_counter() - t0
+        tokens = sum(s.tokens for s in stats)
+        out["modes"][mode] = {
+            "tokens": tokens, "wall_s": wall, "aggregate_tps": tokens / wall,
+            "per_seq_tps": sum(s.tokens_per_s for s in stats) / len(stats),
+        }
+    if B == 1 and a.legacy:
+        out["legacy"] = legacy_side_by_side(pair, prompts, base, a.modes.split(","))
+    out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    pair.close()
+    return out
+
+
+def legacy_side_by_side(pair, prompts, base: DecodeConfig, modes) -> dict:
+    """generate (the scheduler, B = 1) against the old loop, alternating per prompt."""
+    from easd_local import decoding_legacy
+
+    res: dict = {}
+    for mode in modes:
+        cfg = base.replace(mode=mode)
+        acc = {"new": [0, 0.0, 0.0, 0.0], "legacy": [0, 0.0, 0.0, 0.0]}  # tokens, gen s, controller s, total s
+        for p in prompts:
+            for name, gen in (("legacy", decoding_legacy.generate), ("new", decoding.generate)):
+                pair.target.reset()
+                pair.draft.reset()
+                fin = list(gen(pair.target, pair.draft, p, cfg, n_vocab=pair.n_vocab))[-1]
+                s = fin.stats
+                a = acc[name]
+                a[0] += s.tokens
+                a[1] += s.seconds_total - s.seconds_prompt
+                a[2] += s.seconds_controller
+                a[3] += s.seconds_total
+        res[mode] = {k: {"tps": v[0] / v[1], "controller_share": v[2] / v[3]} for k, v in acc.items()}
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--draft", type=Path)
+    ap.add_argument("--target", type=Path)
+    ap.add_argument("--batches", default="1,2,4,8")
+    ap.add_argument("--modes", default="target,sd,easd,easd-tf")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--ctx", type=int, default=1024, help="context per sequence")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--tau-draft", type=float, default=None)
+    ap.add_argument("--tau-target", type=float, default=None)
+    ap.add_argument("--no-legacy", dest="legacy", action="store_false", help="skip the B = 1 side-by-side")
+    ap.add_argument("--one-b", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    a = ap.parse_args()
+    if not (a.draft and a.target) or a.tau_draft is None or a.tau_target is None:
+        d, t, cfg = default_pair() if not (a.draft and a.target) else (a.draft, a.target, DecodeConfig())
+        a.draft, a.target = a.draft or d, a.target or t
+        a.tau_draft = cfg.tau_draft if a.tau_draft is None else a.tau_draft
+        a.tau_target = cfg.tau_target if a.tau_target is None else a.tau_target
+    if a.one_b:
+        print(json.dumps(one_b(a)))
+        return 0
+
+    load = os.getloadavg()[0]
+    runs = []
+    for B in (int(x) for x in a.batches.split(",")):
+        cmd = [sys.executable, __file__, "--one-b", str(B), "--draft", str(a.draft), "--target", str(a.target),
+               "--modes", a.modes, "--prompts", str(a.prompts), "--max-tokens", str(a.max_tokens),
+               "--ctx", str(a.ctx), "--gamma", str(a.gamma), "--tau-draft", str(a.tau_draft),
+               "--tau-target", str(a.tau_target)] + (["--threads", str(a.threads)] if a.threads else []) + (
+               [] if a.legacy else ["--no-legacy"])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stderr, file=sys.stderr)
+            return 1
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    load_end = os.getloadavg()[0]
+    if a.json:
+        print(json.dumps({"runs": runs, "load": [load, load_end]}, indent=1))
+        return 0
+    print(f"pair: {a.draft.name} + {a.target.name}; {a.prompts} GSM8K prompts × {a.max_tokens} tokens, greedy, "
+          f"gamma {a.gamma}, tau_d {a.tau_draft:g}, tau_t {a.tau_target:g}, ctx {a.ctx}/sequence, "
+          f"threads {a.threads or os.cpu_count()}; load average {load:.1f} at start, {load_end:.1f} at end")
+    modes = a.modes.split(",")
+    base = {m: runs[0]["modes"][m]["aggregate_tps"] for m in modes}
+    print(f"\n{'B':>3} {'mode':8} {'aggregate tok/s':>16} {'× B=1':>7} {'per-seq tok/s':>14} {'wall s':>7}")
+    for r in runs:
+        for m in modes:
+            f = r["modes"][m]
+            print(f"{r['B']:>3} {m:8} {f['aggregate_tps']:16.2f} {f['aggregate_tps'] / base[m]:7.2f} "
+                  f"{f['per_seq_tps']:14.2f} {f['wall_s']:7.1f}")
+    print(f"\n{'B':>3} {'peak RSS':>10} {'KV cache':>10}")
+    for r in runs:
+        print(f"{r['B']:>3} {r['peak_rss'] / 2**20:8.0f} MiB {r['kv_bytes'] / 2**20:8.0f} MiB")
+    legacy = runs[0].get("legacy")
+    if legacy:
+        print("\nB = 1, decoding.generate (scheduler) vs the old single-sequence loop, alternating per prompt")
+        print(f"{'mode':8} {'new tok/s':>10} {'old tok/s':>10} {'new/old':>8} {'new ctrl %':>11} {'old ctrl %':>11}")
+        for m, f in legacy.items():
+            n, o = f["new"], f["legacy"]
+            print(f"{m:8} {n['tps']:10.2f} {o['tps']:10.2f} {n['tps'] / o['tps']:8.3f} "
+                  f"{100 * n['controller_share']:11.2f} {100 * o['controller_share']:11.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
