@@ -74,7 +74,7 @@ def one_b(a) -> dict:
             "per_seq_tps": sum(s.tokens_per_s for s in stats) / len(stats),
         }
     if B == 1 and a.legacy:
-        out["legacy"] = legacy_side_by_side(pair, prompts, base, a.modes.split(","))
+        out["legacy"] = legacy_side_by_side(pair, prompts[: a.legacy_prompts], base, a.modes.split(","))
     out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     pair.close()
     return out
@@ -117,6 +117,7 @@ def main() -> int:
     ap.add_argument("--tau-draft", type=float, default=None)
     ap.add_argument("--tau-target", type=float, default=None)
     ap.add_argument("--no-legacy", dest="legacy", action="store_false", help="skip the B = 1 side-by-side")
+    ap.add_argument("--legacy-prompts", type=int, default=4, help="prompts in the B = 1 side-by-side")
     ap.add_argument("--one-b", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     a = ap.parse_args()
@@ -135,7 +136,7 @@ def main() -> int:
         cmd = [sys.executable, __file__, "--one-b", str(B), "--draft", str(a.draft), "--target", str(a.target),
                "--modes", a.modes, "--prompts", str(a.prompts), "--max-tokens", str(a.max_tokens),
                "--ctx", str(a.ctx), "--gamma", str(a.gamma), "--tau-draft", str(a.tau_draft),
-               "--tau-target", str(a.tau_target)] + (["--threads", str(a.threads)] if a.threads else []) + (
+               "--tau-target", str(a.tau_target), "--legacy-prompts", str(a.legacy_prompts)] + (["--threads", str(a.threads)] if a.threads else []) + (
                [] if a.legacy else ["--no-legacy"])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
