@@ -51,6 +51,21 @@ def one_b(a) -> dict:
     problems = load_dataset("gsm8k", limit=a.prompts)
     prompts = [pair.target.chat_tokens(build_messages(p.question)) for p in problems]
     out = {"B": B, "kv_bytes": pair.target.kv_bytes + pair.draft.kv_bytes, "modes": {}}
+    # time spent evaluating prompts (decodes that ask for no logits): subtracted for the
+    # decode-only aggregate, since prompts are evaluated one at a time at every B
+    prefill = [0.0]
+    cls = type(pair.target)
+    real = cls.decode_batch
+
+    def timed(model, parts):
+        t = time.perf_counter()
+        try:
+            return real(model, parts)
+        finally:
+            if all(len(p.logits_at) == 0 for p in parts):
+                prefill[0] += time.perf_counter() - t
+
+    cls.decode_batch = timed
     for mode in a.modes.split(","):
         cfg = base.replace(mode=mode)
         pair.target.reset()
@@ -58,6 +73,7 @@ def one_b(a) -> dict:
         sched = Scheduler(pair, B)
         queue = list(reversed(prompts))
         stats = []
+        prefill[0] = 0.0
         t0 = time.perf_counter()
         while queue or sched.active:
             while queue and sched.free_slots():
@@ -70,9 +86,11 @@ def one_b(a) -> dict:
         wall = time.perf_counter() - t0
         tokens = sum(s.tokens for s in stats)
         out["modes"][mode] = {
-            "tokens": tokens, "wall_s": wall, "aggregate_tps": tokens / wall,
+            "tokens": tokens, "wall_s": wall, "aggregate_tps": tokens / wall, "prefill_s": prefill[0],
+            "decode_tps": tokens / (wall - prefill[0]),
             "per_seq_tps": sum(s.tokens_per_s for s in stats) / len(stats),
         }
+    cls.decode_batch = real
     if B == 1 and a.legacy:
         out["legacy"] = legacy_side_by_side(pair, prompts[: a.legacy_prompts], base, a.modes.split(","))
     out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -151,13 +169,17 @@ def main() -> int:
           f"gamma {a.gamma}, tau_d {a.tau_draft:g}, tau_t {a.tau_target:g}, ctx {a.ctx}/sequence, "
           f"threads {a.threads or os.cpu_count()}; load average {load:.1f} at start, {load_end:.1f} at end")
     modes = a.modes.split(",")
-    base = {m: runs[0]["modes"][m]["aggregate_tps"] for m in modes}
-    print(f"\n{'B':>3} {'mode':8} {'aggregate tok/s':>16} {'× B=1':>7} {'per-seq tok/s':>14} {'wall s':>7}")
+    base = {m: runs[0]["modes"][m] for m in modes}
+    print("\naggregate: generated tokens / wall (prompts included); decode-only: the same without the "
+          "seconds spent evaluating prompts; per-seq: mean of each sequence's own tokens/s")
+    print(f"{'B':>3} {'mode':8} {'aggregate':>10} {'× B=1':>6} {'decode-only':>12} {'× B=1':>6} "
+          f"{'per-seq':>8} {'wall s':>7} {'prompts s':>10}")
     for r in runs:
         for m in modes:
-            f = r["modes"][m]
-            print(f"{r['B']:>3} {m:8} {f['aggregate_tps']:16.2f} {f['aggregate_tps'] / base[m]:7.2f} "
-                  f"{f['per_seq_tps']:14.2f} {f['wall_s']:7.1f}")
+            f, b = r["modes"][m], base[m]
+            print(f"{r['B']:>3} {m:8} {f['aggregate_tps']:10.2f} {f['aggregate_tps'] / b['aggregate_tps']:6.2f} "
+                  f"{f['decode_tps']:12.2f} {f['decode_tps'] / b['decode_tps']:6.2f} {f['per_seq_tps']:8.2f} "
+                  f"{f['wall_s']:7.1f} {f['prefill_s']:10.1f}")
     print(f"\n{'B':>3} {'peak RSS':>10} {'KV cache':>10}")
     for r in runs:
         print(f"{r['B']:>3} {r['peak_rss'] / 2**20:8.0f} MiB {r['kv_bytes'] / 2**20:8.0f} MiB")
