@@ -437,7 +437,7 @@ class Scheduler:
     def cancel(self, rid: int) -> None:
         """Stop request ``rid`` now: its slot is free and its KV cells are cleared (no other
         sequence's). Unknown or finished ids are ignored."""
-        for i, s in enumerate(self._slots):
+        for s in self._slots:
             if s is not None and s.rid == rid:
                 self._release(s, clear=True)
                 return
