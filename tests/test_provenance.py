@@ -99,14 +99,14 @@ def test_environment_fields_and_id():
 # ------------------------------------------------------------------ what results carry
 
 
-def check_provenance(prov: dict, tiny_draft: Path, tiny_target: Path, threads: int) -> None:
+def check_provenance(prov: dict, tiny_draft: Path, tiny_target: Path, threads: int, parallel: int = 1) -> None:
     env = prov["env"]
     for key in ("easd_local", "git_commit", "git_dirty", "llama_cpp_python", "llama_system_info", "backend", "cpu",
                 "machine_id", "n_ctx", "threads", "n_batch", "n_ubatch", "flash_attn", "n_gpu_layers",
                 "n_gpu_layers_draft", "main_gpu", "parallel"):
         assert key in env, key
     assert env["threads"] == threads and env["n_ctx"] == 512 and env["n_batch"] == 512 and env["n_ubatch"] == 512
-    assert env["flash_attn"] is False and env["parallel"] == 1
+    assert env["flash_attn"] is False and env["parallel"] == parallel
     assert prov["env_id"] == provenance.env_id(env)
     assert prov["draft"] == {"file": tiny_draft.name, "size": tiny_draft.stat().st_size, "sha256": sha256(tiny_draft)}
     assert prov["target"] == {"file": tiny_target.name, "size": tiny_target.stat().st_size,
@@ -116,12 +116,12 @@ def check_provenance(prov: dict, tiny_draft: Path, tiny_target: Path, threads: i
 def test_bench_row_carries_provenance(tmp_path, tiny_draft, tiny_target):
     out = tmp_path / "r.jsonl"
     r = invoke("bench", "--dataset", "gsm8k", "--limit", 1, "--modes", "target,easd-tf", "--draft", tiny_draft,
-               "--target", tiny_target, *FAST, "--threads", 1, "--out", out)
+               "--target", tiny_target, *FAST, "--threads", 1, "--parallel", 2, "--out", out)
     assert r.exit_code == 0, r.output
     rows = rows_of(out)
     assert len(rows) == 2
     for row in rows:
-        check_provenance(row["provenance"], tiny_draft, tiny_target, threads=1)
+        check_provenance(row["provenance"], tiny_draft, tiny_target, threads=1, parallel=2)
         assert row_model_sha(row, "target") == sha256(tiny_target)
         assert len(row["completion_tokens"]) == row["stats"]["tokens"] == 8
     assert row_env_id(rows[0]) == row_env_id(rows[1])
