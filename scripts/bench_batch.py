@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Throughput of the batched engine: aggregate and per-sequence tokens/s of each mode at
-B = 1, 2, 4, 8 sequences decoding together, and the peak RSS of each B; plus the B = 1
-path (decoding.generate, what chat uses) against the single-sequence loop it replaced,
-side by side (controller share of wall time, tokens/s).
+B = 1, 2, 4, 8 sequences decoding together, and the peak RSS of each B. (Its B = 1
+side-by-side of decoding.generate against the single-sequence loop it replaced was run
+before that loop was deleted; the figures are in the README.)
 
     python scripts/bench_batch.py                              # the default catalog pair
     python scripts/bench_batch.py --draft D.gguf --target T.gguf --batches 1,2,4 --prompts 8
@@ -91,34 +91,9 @@ def one_b(a) -> dict:
             "per_seq_tps": sum(s.tokens_per_s for s in stats) / len(stats),
         }
     cls.decode_batch = real
-    if B == 1 and a.legacy:
-        out["legacy"] = legacy_side_by_side(pair, prompts[: a.legacy_prompts], base, a.modes.split(","))
     out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     pair.close()
     return out
-
-
-def legacy_side_by_side(pair, prompts, base: DecodeConfig, modes) -> dict:
-    """generate (the scheduler, B = 1) against the old loop, alternating per prompt."""
-    from easd_local import decoding_legacy
-
-    res: dict = {}
-    for mode in modes:
-        cfg = base.replace(mode=mode)
-        acc = {"new": [0, 0.0, 0.0, 0.0], "legacy": [0, 0.0, 0.0, 0.0]}  # tokens, gen s, controller s, total s
-        for p in prompts:
-            for name, gen in (("legacy", decoding_legacy.generate), ("new", decoding.generate)):
-                pair.target.reset()
-                pair.draft.reset()
-                fin = list(gen(pair.target, pair.draft, p, cfg, n_vocab=pair.n_vocab))[-1]
-                s = fin.stats
-                a = acc[name]
-                a[0] += s.tokens
-                a[1] += s.seconds_total - s.seconds_prompt
-                a[2] += s.seconds_controller
-                a[3] += s.seconds_total
-        res[mode] = {k: {"tps": v[0] / v[1], "controller_share": v[2] / v[3]} for k, v in acc.items()}
-    return res
 
 
 def main() -> int:
@@ -134,8 +109,6 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--tau-draft", type=float, default=None)
     ap.add_argument("--tau-target", type=float, default=None)
-    ap.add_argument("--no-legacy", dest="legacy", action="store_false", help="skip the B = 1 side-by-side")
-    ap.add_argument("--legacy-prompts", type=int, default=4, help="prompts in the B = 1 side-by-side")
     ap.add_argument("--one-b", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     a = ap.parse_args()
@@ -154,8 +127,7 @@ def main() -> int:
         cmd = [sys.executable, __file__, "--one-b", str(B), "--draft", str(a.draft), "--target", str(a.target),
                "--modes", a.modes, "--prompts", str(a.prompts), "--max-tokens", str(a.max_tokens),
                "--ctx", str(a.ctx), "--gamma", str(a.gamma), "--tau-draft", str(a.tau_draft),
-               "--tau-target", str(a.tau_target), "--legacy-prompts", str(a.legacy_prompts)] + (["--threads", str(a.threads)] if a.threads else []) + (
-               [] if a.legacy else ["--no-legacy"])
+               "--tau-target", str(a.tau_target)] + (["--threads", str(a.threads)] if a.threads else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
@@ -183,14 +155,6 @@ def main() -> int:
     print(f"\n{'B':>3} {'peak RSS':>10} {'KV cache':>10}")
     for r in runs:
         print(f"{r['B']:>3} {r['peak_rss'] / 2**20:8.0f} MiB {r['kv_bytes'] / 2**20:8.0f} MiB")
-    legacy = runs[0].get("legacy")
-    if legacy:
-        print("\nB = 1, decoding.generate (scheduler) vs the old single-sequence loop, alternating per prompt")
-        print(f"{'mode':8} {'new tok/s':>10} {'old tok/s':>10} {'new/old':>8} {'new ctrl %':>11} {'old ctrl %':>11}")
-        for m, f in legacy.items():
-            n, o = f["new"], f["legacy"]
-            print(f"{m:8} {n['tps']:10.2f} {o['tps']:10.2f} {n['tps'] / o['tps']:8.3f} "
-                  f"{100 * n['controller_share']:11.2f} {100 * o['controller_share']:11.2f}")
     return 0
 
 

@@ -138,29 +138,6 @@ def assert_same_up_to_near_ties(pair, prompts, cfgs, seeds, got, *, max_parted: 
 # ------------------------------------------------------------------------ B = 1
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-@pytest.mark.parametrize("mode", MODES)
-def test_b1_reproduces_the_single_sequence_loop(pair, mode, temperature):
-    """generate (the scheduler with one slot) against the loop it replaced, token for
-    token, origin for origin, counter for counter."""
-    from easd_local import decoding_legacy
-
-    cfg = cfg_of(mode, temperature=temperature, seed=3, max_tokens=64)
-    for prompt in prompts_of(pair)[:3]:
-        pair.target.reset()
-        pair.draft.reset()
-        new, new_ev = decoding.run(pair.target, pair.draft, prompt, cfg, n_vocab=pair.n_vocab)
-        pair.target.reset()
-        pair.draft.reset()
-        old_ev = list(decoding_legacy.generate(pair.target, pair.draft, prompt, cfg, n_vocab=pair.n_vocab))
-        old = old_ev.pop()
-        assert new.tokens == old.tokens and new.text == old.text
-        assert [(e.token, e.origin) for e in new_ev] == [(e.token, e.origin) for e in old_ev]
-        timeless = lambda s: {k: v for k, v in s.to_dict().items() if not k.startswith(("seconds", "ttft", "tokens_per"))}
-        assert timeless(new.stats) == timeless(old.stats)
-        check_stats(new, new_ev)
-
-
 REFERENCE = Path(__file__).with_name("data") / "b1_reference.json"
 
 
