@@ -134,6 +134,8 @@ class MethodSummary:
     share_target: float | None
     share_controller: float | None
     stop_reasons: dict[str, int] = field(default_factory=dict)
+    truncated: int = 0  # rows that stopped on length or context, not at an end of generation
+    no_answer: int = 0  # rows from which the grader extracted no answer
     vs_sd: PairedComparison | None = None
     vs_target: PairedComparison | None = None
     mechanism: "GateMechanism | None" = None
@@ -164,6 +166,7 @@ class GroupSummary:
     duplicates: int = 0  # rows superseded by a later row for the same (method, qid)
     files: str = ""  # "draft 1a2b3c4d · target 5e6f7a8b" when the pair's files differ between rows
     same_env: bool = False  # paired comparisons only on qids whose rows share one environment
+    settings: str = ""  # the decoding settings every row of the group shares, e.g. "greedy · max 512 tokens"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -237,6 +240,8 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
         share_target=_ratio(total("seconds_target"), seconds),
         share_controller=_ratio(total("seconds_controller"), seconds),
         stop_reasons=dict(Counter(r["stats"]["stop_reason"] or "?" for r in rows)),
+        truncated=sum(1 for r in rows if r["stats"].get("stop_reason") in ("length", "context")),
+        no_answer=sum(1 for r in rows if r.get("extracted") in (None, "")),
     )
 
 
@@ -334,8 +339,41 @@ def summarize(rows: Iterable[dict], *, same_env: bool = False) -> list[GroupSumm
             methods.append(summary)
         questions = len({r["qid"] for rs in by_method.values() for r in rs})
         label = _files_label(files) if n_files[(dataset, pair)] > 1 else ""
-        out.append(GroupSummary(dataset, pair, questions, methods, duplicates[(dataset, pair)], label, same_env))
+        out.append(GroupSummary(dataset, pair, questions, methods, duplicates[(dataset, pair)], label, same_env,
+                                settings_label([r for rs in by_method.values() for r in rs])))
     return out
+
+
+def settings_label(rows: Sequence[dict]) -> str:
+    """The sampling settings the rows share, for titles: 'greedy · max 512 tokens · gamma 4'
+    (a setting that differs between rows reads 'varies')."""
+    def shared(key: str):
+        values = {json.dumps(r.get("config", {}).get(key)) for r in rows}
+        return json.loads(values.pop()) if len(values) == 1 else "varies"
+
+    temp = shared("temperature")
+    if temp == 0 or temp == 0.0:
+        parts = ["greedy"]
+    else:
+        parts = [f"temperature {temp:g}" if isinstance(temp, (int, float)) else f"temperature {temp}"]
+        for key, name in (("top_k", "top-k"), ("top_p", "top-p")):
+            v = shared(key)
+            parts.append(f"{name} {v:g}" if isinstance(v, (int, float)) else f"{name} {v}")
+    mt = shared("max_tokens")
+    parts.append(f"max {mt} tokens" if mt != "varies" else "max tokens varies")
+    if any(str(r.get("config", {}).get("mode")) in ("sd", "easd") for r in rows):
+        parts.append(f"gamma {shared('gamma')}")
+    return " · ".join(parts)
+
+
+def flags_text(m: MethodSummary) -> str:
+    """Why an accuracy may mean little: '4/4 truncated, 4/4 no answer extracted' ('' if none)."""
+    parts = []
+    if m.truncated:
+        parts.append(f"{m.truncated}/{m.n} truncated")
+    if m.no_answer:
+        parts.append(f"{m.no_answer}/{m.n} no answer extracted")
+    return ", ".join(parts)
 
 
 @dataclass
@@ -430,7 +468,8 @@ _COLUMNS = (
 
 NOTES = (
     TOKENS_PER_S_NOTE + ". accept = Σ accepted draft tokens / Σ drafted. "
-    "tok/verify = tokens committed per target verify call. fires/100 tok = EASD gate fires "
+    "accuracy flags rows that stopped at max tokens or context (truncated) or gave the grader nothing to "
+    "extract (no answer extracted). tok/verify = tokens committed per target verify call. fires/100 tok = EASD gate fires "
     "per 100 generated tokens. gate near-tie = share of gate decisions (fired or not) that a 0.05-nat change "
     "of an entropy could flip. time % = share of wall time in draft / target (verify) / "
     "controller. W/L = questions this method got right and the baseline wrong / the reverse, "
@@ -442,7 +481,7 @@ def _cells(m: MethodSummary, with_n: bool = False) -> list[str]:
     return [
         m.method,
         str(m.n),
-        f"{100 * m.accuracy:.1f}% ({m.correct})",
+        f"{100 * m.accuracy:.1f}% ({m.correct})" + (f" · {flags_text(m)}" if flags_text(m) else ""),
         f"{100 * m.ci_low:.1f}–{100 * m.ci_high:.1f}",
         _num(m.tokens_per_s),
         _num(m.mean_tokens, 0),
@@ -481,7 +520,8 @@ def _title(g: GroupSummary) -> str:
     extra = f", {g.duplicates} superseded row{'s' if g.duplicates != 1 else ''}" if g.duplicates else ""
     files = f" ({g.files})" if g.files else ""
     same = " · paired: same environment only" if g.same_env else ""
-    return f"{g.dataset} · pair {g.pair}{files} · {g.questions} questions{extra}{same}"
+    settings = f" · {g.settings}" if g.settings else ""
+    return f"{g.dataset} · pair {g.pair}{files} · {g.questions} questions{settings}{extra}{same}"
 
 
 def render_rich(summaries: list[GroupSummary]) -> list:
@@ -580,7 +620,9 @@ def plot(summaries: list[GroupSummary], path: str | Path) -> Path:
                         yerr=[[100 * (m.accuracy - m.ci_low)], [100 * (m.ci_high - m.accuracy)]],
                         fmt=marker, color=colour, capsize=3, label=label,
                     )
-            ax.set_title(dataset)
+            here = [g for g in summaries if g.dataset == dataset]
+            ax.set_title(f"{dataset} · pair {', '.join(dict.fromkeys(g.pair for g in here))}\n"
+                         f"{' | '.join(dict.fromkeys(g.settings for g in here if g.settings))}", fontsize="medium")
             ax.set_xlabel(xlabel)
             ax.set_ylabel("accuracy % (Wilson 95%)")
             # from zero, so that two near-equal speeds do not sit at opposite edges; a little

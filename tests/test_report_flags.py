@@ -1,0 +1,64 @@
+"""The bench report says why an accuracy may mean little (rows cut at max tokens, rows with
+no extractable answer) and titles its tables and plots with pair, dataset and settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from easd_local.bench.report import flags_text, plot, render_markdown, settings_label, summarize
+from easd_local.bench.schema import empty_stats, make_row
+from easd_local.config import DecodeConfig
+
+
+def _row(method, i, *, correct, extracted, stop, config=None, seconds=1.0, tokens=10):
+    cfg = dataclasses.asdict(DecodeConfig(mode=method if method != "hot" else "easd", max_tokens=64))
+    cfg.update(config or {})
+    stats = dict(empty_stats(), stop_reason=stop, tokens=tokens, seconds_total=seconds)
+    return make_row(dataset="gsm8k", qid=f"gsm8k-test-{i:05d}", index=i, method=method, pair="mine", config=cfg,
+                    question="Q?", gold="1", completion="…", extracted=extracted, correct=correct, stats=stats)
+
+
+def test_truncated_and_unanswered_rows_are_flagged():
+    rows = [_row("target", i, correct=i == 0, extracted="1" if i == 0 else "2", stop="eos") for i in range(4)]
+    rows += [_row("easd", i, correct=False, extracted=None, stop="length") for i in range(4)]
+    rows += [_row("sd", i, correct=False, extracted=None if i < 2 else "3", stop="length" if i == 0 else "eos")
+             for i in range(4)]
+    (g,) = summarize(rows)
+    by = {m.method: m for m in g.methods}
+    assert flags_text(by["target"]) == ""
+    assert flags_text(by["easd"]) == "4/4 truncated, 4/4 no answer extracted"
+    assert flags_text(by["sd"]) == "1/4 truncated, 2/4 no answer extracted"
+    md = render_markdown([g])
+    assert "| easd | 4 | 0.0% (0) · 4/4 truncated, 4/4 no answer extracted |" in md
+    assert "| target | 4 | 25.0% (1) |" in md
+
+
+def test_titles_carry_pair_dataset_and_settings():
+    rows = [_row(m, i, correct=True, extracted="1", stop="eos") for m in ("target", "sd") for i in range(2)]
+    assert settings_label(rows) == "greedy · max 64 tokens · gamma 4"
+    (g,) = summarize(rows)
+    assert "### gsm8k · pair mine · 2 questions · greedy · max 64 tokens · gamma 4" in render_markdown([g])
+    sampled = [_row("target", i, correct=True, extracted="1", stop="eos",
+                    config={"temperature": 0.7, "top_k": 40, "top_p": 0.95, "max_tokens": 64 + i}) for i in range(2)]
+    assert settings_label(sampled) == "temperature 0.7 · top-k 40 · top-p 0.95 · max tokens varies"
+
+
+def test_plot_title_and_axes_from_zero(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    saved = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **kw: (saved.append(self), real(self, *a, **kw))[1])
+    # two methods at nearly the same speed must not land at opposite edges of the plot
+    rows = [_row("target", i, correct=True, extracted="1", stop="eos", seconds=1.0) for i in range(3)]
+    rows += [_row("sd", i, correct=i > 0, extracted="1", stop="eos", seconds=1.01) for i in range(3)]
+    out = plot(summarize(rows), tmp_path / "p.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ax = saved[0].axes[0]
+    assert ax.get_title() == "gsm8k · pair mine\ngreedy · max 64 tokens · gamma 4"
+    lo, hi = ax.get_xlim()
+    assert lo <= 0 < 9.9 < hi  # tok/s of both (10 and 9.9) sit near the right, on one scale from zero
+    assert ax.get_ylim() == (0.0, 100.0)
