@@ -59,6 +59,8 @@ class PairEntry:
     target: ModelEntry
     description: str = ""
     profile: dict[str, Any] | None = None
+    user: bool = False  # added with `models add-pair`
+    check: dict[str, Any] | None = None  # the pair check's verdict stored by `models add-pair`
 
 
 @dataclass
@@ -176,14 +178,15 @@ def read_user_catalog() -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ConfigError(f"user catalog {path} is unreadable: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("models", {}), dict):
+    if not isinstance(data, dict) or not isinstance(data.get("models", {}), dict) \
+            or not isinstance(data.get("pairs", {}), dict):
         raise ConfigError(f"user catalog {path} is malformed (expected {{\"models\": {{...}}}})")
     data.setdefault("models", {})
     return data
 
 
 def load_catalog() -> Catalog:
-    """Built-in models and pairs plus the user's ``models add`` entries."""
+    """Built-in models and pairs plus the user's (``models add``, ``models add-pair``, ``pull hf:``)."""
     path = builtin_catalog_path()
     raw = _read_toml(path)
     cat = Catalog(source=str(path), default_pair_name=str(raw.get("default_pair", "default")))
@@ -215,6 +218,16 @@ def load_catalog() -> Catalog:
             description=str(d.get("description", "")),
             profile=dict(profile) if profile else None,
         )
+    for name, d in user_raw.get("pairs", {}).items():
+        if name in cat.pairs or not isinstance(d, dict):
+            continue  # built-in names win; `models add-pair` refuses them anyway
+        draft, target = d.get("draft"), d.get("target")
+        if draft not in cat.models or target not in cat.models:
+            raise ConfigError(f"{upath}: pair {name!r} names a model that is not in the catalog "
+                              f"({draft!r}, {target!r}); add it again with `easd-local models add-pair`")
+        cat.pairs[name] = PairEntry(name=name, draft=cat.models[draft], target=cat.models[target],
+                                    description=str(d.get("description", "")), user=True,
+                                    check=dict(d["check"]) if isinstance(d.get("check"), dict) else None)
     return cat
 
 
@@ -247,8 +260,7 @@ def add_user_model(
     progress: Callable[[int, int], None] | None = None,
 ) -> ModelEntry:
     """Register a local GGUF file under ``name`` in the user catalog (size + sha256)."""
-    if not name or any(c.isspace() for c in name) or "/" in name:
-        raise ConfigError(f"model name {name!r} must be non-empty without spaces or '/'")
+    _check_name(name, "model")
     if role is not None and role not in ROLES:
         raise ConfigError(f"--role must be draft or target, not {role!r}")
     builtin = load_catalog()
@@ -275,9 +287,17 @@ def add_user_model(
         "description": description or f"added from {p}",
         "sources": [{"kind": "path", "path": str(p)}],
     }
-    data = read_user_catalog()
+    return register_user_model(name, record)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not name or any(c.isspace() for c in name) or "/" in name:
+        raise ConfigError(f"{what} name {name!r} must be non-empty without spaces or '/'")
+
+
+def _write_user_catalog(data: dict[str, Any]) -> None:
+    """Replace the user catalog atomically (a crash leaves the old one or the new one)."""
     data["schema"] = 1
-    data["models"][name] = record
     upath = paths.user_catalog_path()
     upath.parent.mkdir(parents=True, exist_ok=True)
     tmp = upath.with_name(f"{upath.name}.tmp-{os.getpid()}")
@@ -286,4 +306,33 @@ def add_user_model(
         os.replace(tmp, upath)
     finally:
         tmp.unlink(missing_ok=True)
-    return _model_from_dict(name, record, where=str(upath), user=True)
+
+
+def register_user_model(name: str, record: Mapping[str, Any]) -> ModelEntry:
+    """Store a model record (``file``, ``size``, ``sha256``, ``sources``; ``path`` for a
+    file that stays where it is) in the user catalog under ``name``."""
+    _check_name(name, "model")
+    upath = str(paths.user_catalog_path())
+    entry = _model_from_dict(name, record, where=upath, user=True)  # validates before writing
+    data = read_user_catalog()
+    data["models"][name] = dict(record)
+    _write_user_catalog(data)
+    return entry
+
+
+def add_user_pair(name: str, draft: str, target: str, check: Mapping[str, Any], description: str = "") -> PairEntry:
+    """Register a pair of catalog models under ``name`` with the verdict of its pair check
+    (``check``: what the caller measured, e.g. compatible, shared vocabulary, date)."""
+    _check_name(name, "pair")
+    cat = load_catalog()
+    if name in cat.pairs and not cat.pairs[name].user:
+        raise ConfigError(f"{name!r} is a built-in pair; choose another name")
+    if name in cat.models:
+        raise ConfigError(f"{name!r} is the name of a model; choose another name for the pair")
+    for m in (draft, target):
+        cat.model(m)  # ConfigError naming the known models
+    data = read_user_catalog()
+    data.setdefault("pairs", {})[name] = {"draft": draft, "target": target, "check": dict(check),
+                                          "description": description or f"{draft} drafting for {target}"}
+    _write_user_catalog(data)
+    return load_catalog().pair(name)

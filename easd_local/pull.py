@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from . import filehash
 from .catalog import ModelEntry, PairEntry, is_present, local_path
 from .errors import PullError
+from .units import human_size
 
 Progress = Callable[[int, int, str], None]
 
@@ -312,7 +313,7 @@ def verify_file(entry: ModelEntry, progress: Progress | None = None) -> bool:
                 progress(done, entry.size, f"{entry.name}: verifying")
     if h.hexdigest() != entry.sha256:
         return False
-    if not entry.user:
+    if entry.path is None:  # a file in the cache (a user's own file gets no stamp beside it)
         _write_stamp(entry, dest)
     _record(entry, dest)
     return True
@@ -330,8 +331,8 @@ def pull_model(
     vs. got on a hash mismatch). KeyboardInterrupt propagates after cleanup.
     """
     dest = local_path(entry)
-    if entry.user:
-        # user files are never fetched or replaced: check them in place
+    if entry.path is not None:
+        # the user's own files (`models add`) are never fetched or replaced: check them in place
         if not dest.exists():
             raise PullError(f"{entry.name}: its file {dest} (added with `models add`) is gone")
         if not verify_file(entry, progress):
@@ -412,26 +413,44 @@ def missing_models(entries: Iterable[ModelEntry]) -> list[ModelEntry]:
     return out
 
 
+def ensure_models(
+    entries: Sequence[ModelEntry],
+    confirm: Callable[[list[ModelEntry]], bool],
+    progress: Progress | None = None,
+    label: str = "",
+) -> list[Path]:
+    """Pull the missing ones among ``entries``; return every entry's local path, in order.
+
+    ``confirm(missing)`` is asked once when anything is missing (the caller decides what
+    needs a question); present files (right size) are used as they are, without re-hashing.
+    Raises PullError if the user declines or a pull fails.
+    """
+    missing = missing_models(entries)
+    for e in entries:
+        if e not in missing and _stamp_ok(e, local_path(e)):
+            _record(e, local_path(e))  # pulled before the hash cache existed: a stat, no hashing
+    if missing and not confirm(missing):
+        total = sum(e.size for e in missing)
+        what = label or ", ".join(e.name for e in missing)
+        raise PullError(
+            f"download of {human_size(total)} for {what!r} declined; "
+            f"run `easd-local pull {what} --yes` to fetch it"
+        )
+    for e in missing:
+        pull_model(e, progress)
+    return [local_path(e) for e in entries]
+
+
 def ensure_pair(
     pair_entry: PairEntry,
     confirm: Callable[[int], bool],
     progress: Progress | None = None,
 ) -> tuple[Path, Path]:
-    """Pull the pair's missing models; ``confirm(total_bytes)`` gates downloads > 1 GB.
+    """Pull the pair's missing models; ``confirm(total_bytes)`` gates downloads > 1 GB."""
 
-    Present files (right size) are used as they are, without re-hashing.
-    Raises PullError if the user declines or a pull fails.
-    """
-    missing = missing_models([pair_entry.draft, pair_entry.target])
-    for e in (pair_entry.draft, pair_entry.target):
-        if e not in missing and _stamp_ok(e, local_path(e)):
-            _record(e, local_path(e))  # pulled before the hash cache existed: a stat, no hashing
-    total = sum(e.size for e in missing)
-    if total > CONFIRM_ABOVE_BYTES and not confirm(total):
-        raise PullError(
-            f"download of {total / 1e9:.2f} GB for pair {pair_entry.name!r} declined; "
-            f"run `easd-local pull {pair_entry.name} --yes` to fetch it"
-        )
-    for e in missing:
-        pull_model(e, progress)
-    return local_path(pair_entry.draft), local_path(pair_entry.target)
+    def ask(missing: list[ModelEntry]) -> bool:
+        total = sum(e.size for e in missing)
+        return total <= CONFIRM_ABOVE_BYTES or confirm(total)
+
+    d, t = ensure_models([pair_entry.draft, pair_entry.target], ask, progress, label=pair_entry.name)
+    return d, t

@@ -215,11 +215,11 @@ def check_methods(methods: Sequence[Method], base: DecodeConfig, flags: dict[str
 
 def pair_specs(
     pairs: Sequence[str],
-    drafts: Sequence[Path],
-    targets: Sequence[Path],
+    drafts: Sequence[str | Path],
+    targets: Sequence[str | Path],
     methods: Sequence[Method],
     *,
-    confirm: Callable[[int], bool] = lambda n: True,
+    confirm: Callable[[list], bool] = lambda missing: True,
     progress=None,
 ) -> list[PairSpec]:
     """Catalog pairs (``--pair``, in order) then file pairs (the i-th ``--draft`` with the

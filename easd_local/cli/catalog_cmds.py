@@ -2,71 +2,88 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich import box
+from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from ..catalog import add_user_model, is_present, load_catalog, local_path
-from ..errors import PullError
-from ..pull import missing_models, pull_model
-from .common import console, friendly
-from .pull_ui import ask_download, download_bar, human_size
+from ..catalog import add_user_model, is_present, load_catalog, local_path, register_user_model
+from ..errors import ConfigError, PullError
+from ..hub import hub_entry, is_hub_ref, parse_hub_ref
+from ..pull import ensure_models, missing_models, pull_model
+from ..units import SIZE_UNITS_NOTE, human_size
+from .common import console, err_console, friendly
+from .pull_ui import DownloadUI, download_bar
 
 
-@contextmanager
-def _file_bars() -> Iterator:
-    """One rich bar per file on stderr; yields ``start(label, total) -> callback``."""
-    with download_bar() as prog:
-
-        def start(label: str, total: int):
-            task = prog.add_task(label, total=total)
-
-            def cb(done: int, total_: int, message: str) -> None:
-                prog.update(task, completed=done, total=total_, description=message)
-
-            return cb
-
-        yield start
+def _pull_hub(ref_text: str, name: str | None, yes: bool) -> None:
+    """`pull hf:ORG/REPO[:QUANT|/FILE]`: ask the hub for the file and its sha256, pull it into
+    the cache (atomic, verified) and register it under a model name."""
+    ref = parse_hub_ref(ref_text)
+    entry = hub_entry(ref, name)
+    cat = load_catalog()
+    old = cat.models.get(entry.name)
+    if old is not None and (old.sha256 != entry.sha256 or not old.user):
+        raise ConfigError(f"a different model is already named {entry.name!r}; choose a name with --name")
+    with DownloadUI(yes) as dl:
+        (path,) = ensure_models([entry], dl.confirm, dl.progress, label=str(ref))
+    record = {"file": entry.file, "size": entry.size, "sha256": entry.sha256, "role": None,
+              "description": entry.description, "sources": [dict(s) for s in entry.sources]}
+    register_user_model(entry.name, record)
+    console.print(Text(f"{ref} -> {entry.name}: {human_size(entry.size)}, sha256 {entry.sha256[:12]}… verified  "
+                       f"{path}"), soft_wrap=True)
+    console.print(Text(f"use it with -m {entry.name} (target) or -md {entry.name} (draft); "
+                       f"pair it with: easd-local models add-pair NAME --draft D --target T"), soft_wrap=True)
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @app.command("pull")
     @friendly
     def pull(
-        name: Optional[str] = typer.Argument(
-            None, help="A model or pair from the catalog (default: the default pair)."
-        ),
-        yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before large downloads."),
+        name: Annotated[Optional[str], typer.Argument(
+            metavar="NAME|hf:REF", show_default=False,
+            help="A model or pair from the catalog (default: the default pair), or a GGUF on the Hugging Face "
+                 "Hub as llama.cpp's -hf names it: hf:ORG/REPO\\[:QUANT] (QUANT defaults to Q4_K_M) or "
+                 "hf:ORG/REPO/FILE.")] = None,
+        as_name: Annotated[Optional[str], typer.Option(
+            "--name", metavar="NAME", help="hf: only: the model name to register it under \\[default: the file's "
+            "name]")] = None,
+        yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before downloads over 1 GB.")] = False,
     ) -> None:
-        """Download catalog models into the cache and verify their sha256."""
+        """Download models into the cache, verify their sha256 and register them.
+
+        hf:ORG/REPO[:QUANT] and hf:ORG/REPO/FILE need huggingface_hub (pip install 'easd-local\\[hf]') and a hub that answers ($HF_ENDPOINT, default huggingface.co).
+        """
+        if name is not None and is_hub_ref(name):
+            _pull_hub(name, as_name, yes)
+            return
+        if as_name is not None:
+            raise ConfigError("--name is only for hf: references")
         cat = load_catalog()
         _kind, entries = cat.resolve(name)
-        missing = missing_models(entries)
-        total = sum(e.size for e in missing)
-        if not ask_download(total, yes):
-            raise PullError("download declined")
-        seen: set[str] = set()
-        done_lines = []
-        with _file_bars() as start:
-            for e in entries:
-                if e.name in seen:
-                    continue
-                seen.add(e.name)
-                cb = start(e.name, e.size)
-                path = pull_model(e, progress=cb)
-                done_lines.append(f"{e.name}: sha256 {e.sha256[:12]}… verified  {path}")
-        for line in done_lines:
-            console.print(line, soft_wrap=True)
+        entries = list({e.name: e for e in entries}.values())
+        with DownloadUI(yes) as dl:
+            missing = missing_models(entries)
+            if missing and not dl.confirm(missing):
+                raise PullError("download declined")
+            # present files are checked too (a stamp makes that a stat)
+            paths_ = [pull_model(e, progress=dl.progress) for e in entries]
+        for e, path in zip(entries, paths_):
+            console.print(Text(f"{e.name}: {human_size(e.size)}, sha256 {e.sha256[:12]}… verified  {path}"),
+                          soft_wrap=True)
 
     @models_app.command("list")
     @friendly
     def models_list() -> None:
         """Catalog models (built-in and user-added) and pairs, and whether they are cached."""
         cat = load_catalog()
-        t = Table(title="models", title_justify="left", box=box.SIMPLE_HEAD)
+        # a pipe or log gets whole rows rather than cells folded at 80 columns
+        out = console if console.is_terminal else Console(highlight=False, width=max(console.width, 200))
+        t = Table(title="models", title_justify="left", box=box.SIMPLE_HEAD, caption=SIZE_UNITS_NOTE,
+                  caption_justify="left")
         t.add_column("name", overflow="fold")
         t.add_column("role", no_wrap=True)
         t.add_column("file", overflow="fold")
@@ -82,39 +99,57 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 "yes" if is_present(m) else "no",
                 str(local_path(m)),
             )
-        console.print(t)
+        out.print(t)
         p = Table(title="pairs", title_justify="left", box=box.SIMPLE_HEAD)
         p.add_column("name", overflow="fold")
         p.add_column("draft", overflow="fold")
         p.add_column("target", overflow="fold")
         p.add_column("present", no_wrap=True)
         p.add_column("profile", no_wrap=True)
+        p.add_column("check", overflow="fold")
         for pr in cat.pairs.values():
             both = is_present(pr.draft) and is_present(pr.target)
+            check = "-"
+            if pr.check:
+                check = (f"compatible, {pr.check.get('shared_vocab', 0):,} shared tokens ({pr.check.get('checked', '?')})"
+                         if pr.check.get("compatible") else "incompatible")
             p.add_row(
-                pr.name + (" (default)" if pr.name == cat.default_pair_name else ""),
+                pr.name + (" (default)" if pr.name == cat.default_pair_name else "") + (" (user)" if pr.user else ""),
                 pr.draft.name,
                 pr.target.name,
                 "yes" if both else "no",
                 "yes" if pr.profile else "-",
+                check,
             )
-        console.print(p)
+        out.print(p)
 
     @models_app.command("add")
     @friendly
     def models_add(
-        name: str = typer.Argument(..., help="Name to register the model under."),
-        path: str = typer.Argument(..., help="A local GGUF file (stays where it is)."),
-        role: Optional[str] = typer.Option(None, "--role", help="draft or target."),
+        name: Annotated[str, typer.Argument(metavar="NAME", help="Name to register the model under.")],
+        path: Annotated[str, typer.Argument(metavar="PATH", help="A local GGUF file (stays where it is).")],
+        role: Annotated[Optional[str], typer.Option("--role", metavar="draft|target",
+                                                    help="What the model is for (informational). \\[default: none]")] = None,
     ) -> None:
         """Register a local GGUF file in the user catalog (records size and sha256)."""
-        with download_bar(transient=True) as prog:
-            task = prog.add_task(f"hashing {name}", total=None)
-            entry = add_user_model(
-                name, path, role=role, progress=lambda d, t: prog.update(task, completed=d, total=t)
-            )
-        console.print(
+        entry = add_model_with_bar(name, path, role)
+        console.print(Text(
             f"added {entry.name}: {human_size(entry.size)}, sha256 {entry.sha256[:12]}…, "
-            f"role {entry.role or '-'}  {entry.path}",
-            soft_wrap=True,
-        )
+            f"role {entry.role or '-'}  {entry.path}"), soft_wrap=True)
+
+
+def add_model_with_bar(name: str, path: str, role: str | None = None):
+    """``add_user_model`` with a hashing bar (bytes, rate, time left) on a terminal."""
+    from pathlib import Path
+
+    try:
+        total = Path(path).expanduser().stat().st_size
+    except OSError:
+        total = None  # add_user_model says what is wrong
+    with download_bar(transient=True) as prog:
+        if not err_console.is_terminal:
+            prog.disable = True
+        task = prog.add_task(name, total=total, stage="hashing")
+        return add_user_model(name, path, role=role, progress=lambda d, t: prog.update(task, completed=d, total=t))
+
+

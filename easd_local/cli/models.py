@@ -1,44 +1,68 @@
-"""`easd-local models inspect` and `models check`."""
+"""`easd-local models inspect`, `models check` and `models add-pair`."""
 
 from __future__ import annotations
 
+import datetime
+import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
+from ..catalog import add_user_pair, load_catalog
+from ..errors import ConfigError, PairError
+from ..gguf_info import read_gguf_info
 from ..pair import check_pair_files, open_models
-from ..runtime import Model
+from ..resolve import catalog_model, resolve_model
+from ..units import SIZE_UNITS_NOTE, human_size
 from . import options as o
+from .catalog_cmds import add_model_with_bar
 from .common import console, friendly
+from .progress import spinner
+from .pull_ui import DownloadUI
+from .render import memory_line, placement
 
-LAYOUT_CTX = 64  # models check loads the weights to see where they go; the context hardly matters
+ModelArg = Annotated[str, typer.Argument(metavar="PATH|NAME", help="A GGUF file or a catalog model name.",
+                                         show_default=False)]
+
+LAYOUT_CTX = 64  # models check loads the weights to see where they go; the context hardly matters (--ctx)
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return str(n)
+def _model_name_for(ref: str, role: str, yes: bool) -> tuple[str, Path, bool]:
+    """(catalog name, local path, needs registering) for a model given to add-pair."""
+    entry = catalog_model(ref)
+    if entry is not None:
+        with DownloadUI(yes) as dl:
+            return entry.name, resolve_model(ref, confirm=dl.confirm, progress=dl.progress), False
+    path = Path(ref).expanduser().resolve()
+    cat = load_catalog()
+    for m in cat.models.values():
+        if m.path is not None and Path(m.path) == path:
+            return m.name, path, False  # this file is registered already
+    name = path.stem
+    if name in cat.models or name in cat.pairs:
+        raise ConfigError(f"{ref}: the name {name!r} is taken; register the file first with "
+                          f"`easd-local models add NAME {ref}` and give NAME to --{role}")
+    return name, path, True
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @models_app.command("inspect")
     @friendly
-    def inspect(path: Annotated[Path, typer.Argument(help="GGUF file")]) -> None:
-        """Show a GGUF model's facts: architecture, size, quantization, vocabulary."""
-        with Model(path, vocab_only=True) as m:
-            f = m.facts(with_tensor_types=True)
-        t = Table(title=f.name, show_header=False)
+    def inspect(model: ModelArg) -> None:
+        """Show a GGUF model's facts from its header (no llama.cpp load): architecture, size, quantization, vocabulary."""
+        f = read_gguf_info(resolve_model(model, pull=False))
+        t = Table(title=f.name, show_header=False, caption=SIZE_UNITS_NOTE, caption_justify="left")
         t.add_column("fact", style="bold")
         t.add_column("value")
         rows = [
             ("file", f.path),
-            ("file size", f"{_size(f.file_size)} ({f.file_size:,} bytes)"),
+            ("file size", f"{human_size(f.file_size)} ({f.file_size:,} bytes)"),
             ("architecture", f.architecture),
-            ("description", f.description),
+            ("layers", f"{f.n_layers:,}"),
             ("parameters", f"{f.n_params:,}"),
             ("quantization", f.file_type),
             ("tensor types", ", ".join(f"{k}×{v}" for k, v in f.tensor_types.items())),
@@ -46,16 +70,23 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             ("context (trained)", f"{f.n_ctx_train:,}"),
             ("chat template", "yes" if f.chat_template else "no"),
             ("KV rollback", "no (recurrent/hybrid)" if f.recurrent else "yes"),
+            ("GGUF version", str(f.version)),
         ]
         for k, v in rows:
-            t.add_row(k, str(v))
+            t.add_row(k, Text(str(v)))
         console.print(t)
 
     @models_app.command("check")
     @friendly
     def check(
-        draft: Annotated[Path, typer.Argument(help="Draft GGUF file")],
-        target: Annotated[Path, typer.Argument(help="Target GGUF file")],
+        draft: Annotated[str, typer.Argument(metavar="DRAFT", help="Draft: a GGUF file or a catalog model name.",
+                                             show_default=False)],
+        target: Annotated[str, typer.Argument(metavar="TARGET", help="Target: a GGUF file or a catalog model name.",
+                                              show_default=False)],
+        load: Annotated[bool, typer.Option("--load", help="Also load both models as chat would (with the flags "
+                                           "below) and say where their layers and memory went.")] = False,
+        json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+        ctx: o.CtxOpt = LAYOUT_CTX,
         rpc: o.RpcOpt = None,
         rpc_draft: o.RpcDraftOpt = None,
         tensor_split: o.TensorSplitOpt = None,
@@ -63,15 +94,28 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         n_gpu_layers_draft: o.NglDraftOpt = None,
         main_gpu: o.MainGpuOpt = 0,
     ) -> None:
-        """Check that DRAFT can draft for TARGET (exit 0 compatible, 2 not). With --rpc, --rpc-draft or
-        --tensor-split the pair is also loaded, and each model's layers are listed by device."""
-        topts, dopts = o.load_options(LAYOUT_CTX, 1, n_gpu_layers, False, main_gpu, False, n_gpu_layers_draft,
+        """Check that DRAFT can draft for TARGET, as llama.cpp checks it (exit 0 compatible, 2 not). With --load
+        (implied by --rpc, --rpc-draft or --tensor-split) the pair is also loaded: the backend, each model's
+        layers by device and its memory."""
+        topts, dopts = o.load_options(ctx, 1, n_gpu_layers, False, main_gpu, False, n_gpu_layers_draft,
                                       rpc, rpc_draft, tensor_split)
-        n_shared = check_pair_files(draft, target)
-        console.print(f"compatible: {draft.name} can draft for {target.name} (shared vocabulary {n_shared:,} tokens)")
-        if rpc or rpc_draft or tensor_split:
-            with open_models(draft, target, topts, dopts) as models:
+        d, t = resolve_model(draft, pull=False), resolve_model(target, pull=False)
+        n_shared = check_pair_files(d, t)
+        where = None
+        if load or rpc or rpc_draft or tensor_split:
+            with spinner("loading both models"), open_models(d, t, topts, dopts) as models:
+                where, line = placement(models), memory_line(models)
+                layers = []
                 for role, m in (("target", models.target), ("draft", models.draft)):
                     total = sum(m.placement.values())
-                    where = ", ".join(f"{n}/{total} on {dev}" for dev, n in m.placement.items()) or "unknown"
-                    console.print(f"{role} layers: {where}")
+                    shown = ", ".join(f"{n}/{total} on {dev}" for dev, n in m.placement.items()) or "unknown"
+                    layers.append(f"{role} layers: {shown}")
+        if json_out:
+            sys.stdout.write(json.dumps({"compatible": True, "shared_vocab": n_shared, "draft": str(d),
+                                         "target": str(t), "placement": where}) + "\n")
+            return
+        console.print(Text(f"compatible: {d.name} can draft for {t.name} (shared vocabulary {n_shared:,} tokens)"),
+                      soft_wrap=True)
+        if where is not None:
+            for text in (line, *layers):
+                console.print(Text(text), soft_wrap=True)
