@@ -23,8 +23,8 @@ from typing import Iterator, Union
 
 from . import paths
 from .fsutil import write_text_atomic
-from .config import MODES, DecodeConfig, apply_settings
-from .decoding import Finished, Stats, TokenEvent, generate
+from .config import MODES, DecodeConfig, apply_settings, not_lossless
+from .decoding import Finished, Stats, TokenEvent, acceptance_text, generate
 from .errors import ConfigError, ContextOverflowError, EasdError
 from .runtime import Model
 
@@ -46,7 +46,8 @@ def auto_mode(gpu_offload: bool, n_gpu_layers: int, have_draft: bool) -> tuple[s
 CHAT_DEFAULTS = DecodeConfig(temperature=0.7, top_k=40, top_p=0.95, max_tokens=1024)
 
 COMMANDS_HELP = [
-    ("/mode MODE", f"switch decoding mode ({'|'.join(MODES)})"),
+    ("/mode MODE", f"switch decoding mode ({'|'.join(MODES)}); sd and target give the target's own output, "
+                   "easd and easd-tf are not lossless"),
     ("/set KEY VALUE", "change a setting: temperature, gamma, tau-draft, tau-target, top-n, overlap, penalty, "
                        "top-k, top-p, max-tokens, seed, draft-p-min"),
     ("/stats", "session statistics and the settings in force"),
@@ -139,13 +140,14 @@ class SessionTotals:
 
     def summary(self) -> dict:
         return {
-            "turns": self.turns,
+            "turns": self.turns + self.interrupted,  # every reply, finished or cut short
             "interrupted": self.interrupted,
             "tokens": self.tokens,
             "tokens_per_s": self.tokens / self.seconds_gen if self.seconds_gen > 0 else 0.0,
             "acceptance_rate": self.draft_accepted / self.drafted if self.drafted else 0.0,
             "mean_accepted_len": self.sd_tokens / self.target_calls if self.target_calls else 0.0,
             "drafted": self.drafted,
+            "draft_accepted": self.draft_accepted,
             "draft_consult_rate": self.draft_consults / self.tf_tokens if self.tf_tokens else None,
             "easd_fires": self.easd_fires,
             "easd_fires_per_100": 100.0 * self.easd_fires / self.tokens if self.tokens else 0.0,
@@ -418,7 +420,9 @@ class ChatSession:
         self._check_mode(mode)
         self.cfg = self.cfg.replace(mode=mode)
         self._log("mode", mode=mode)
-        return CommandResult(True, f"mode {mode}", kind="mode", data={"mode": mode})
+        why = not_lossless(mode)
+        note = f" ({why}; /mode sd gives the target's own output)" if why else " (lossless: the target's own output)"
+        return CommandResult(True, f"mode {mode}{note}", kind="mode", data={"mode": mode})
 
     def _cmd_set(self, arg: str) -> CommandResult:
         parts = arg.split()
@@ -436,6 +440,8 @@ class ChatSession:
         self._log("set", key=key, value=value, changes=changed, settings=settings_dict(cfg))
         shown = ", ".join(f"{k.replace('_', '-')} = {v:g}" if isinstance(v, float) else f"{k.replace('_', '-')} = {v}"
                           for k, v in changed.items()) or "unchanged"
+        if "mode" in changed and not_lossless(cfg.mode):
+            shown += f" ({not_lossless(cfg.mode)}; /mode sd gives the target's own output)"
         return CommandResult(True, shown, kind="set", data=changed)
 
     def stats(self) -> dict:
@@ -457,7 +463,7 @@ class ChatSession:
         # consults for target-first turns
         spec = []
         if s["drafted"]:
-            spec.append(f"accepted {100 * s['acceptance_rate']:.0f}% · mean accepted {s['mean_accepted_len']:.2f}/verify")
+            spec.append(acceptance_text(s["drafted"], s["draft_accepted"], s["mean_accepted_len"]))
         if s["draft_consult_rate"] is not None:
             spec.append(f"draft consulted at {100 * s['draft_consult_rate']:.0f}% of easd-tf positions")
         spec.append(f"EASD fires {s['easd_fires']} ({s['easd_fires_per_100']:.1f}/100 tokens)")

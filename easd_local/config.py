@@ -13,6 +13,18 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 MODES = ("target", "draft", "sd", "easd", "easd-tf")
+# Modes whose output is the target's own (greedy: the target's tokens; sampling: its law).
+LOSSLESS_MODES = ("target", "sd")
+LOSSLESS_HELP = "sd and target give the target's own output; easd and easd-tf are not lossless."
+
+
+def not_lossless(mode: str) -> str | None:
+    """Why ``mode``'s output is not the target's, or None when it is."""
+    if mode in ("easd", "easd-tf"):
+        return f"{mode} is not lossless: the EASD gate replaces some of the target's tokens"
+    if mode == "draft":
+        return "draft mode is the draft model alone, not the target"
+    return None
 
 # Thresholds used when a pair has no calibration profile (nats, untempered softmax).
 # Why not a round 2.0: on the default pair the target's entropy has a 90th percentile of

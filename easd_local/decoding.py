@@ -96,6 +96,13 @@ class Stats:
         return {k: json_number(v) for k, v in asdict(self).items()}
 
 
+def acceptance_text(drafted: int, draft_accepted: int, tok_per_verify: float) -> str:
+    """SD figures in llama.cpp's words: n_drafted, n_accept (drafts emitted) and tokens
+    per verify (the bonus token included), as the bench report's tok/verify column."""
+    rate = 100 * draft_accepted / drafted if drafted else 0.0
+    return f"n_drafted {drafted} · n_accept {draft_accepted} ({rate:.0f}%) · {tok_per_verify:.2f} tok/verify"
+
+
 def json_number(value):
     """``value`` for strict JSON (which has no Infinity/NaN): a non-finite float becomes
     "inf" / "-inf", NaN becomes None; anything else is returned as is."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import os
+import re
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -33,7 +34,9 @@ import numpy as np
 
 from . import rpc as _rpc
 from .errors import ConfigError, ContextOverflowError, ModelLoadError, RpcError, RuntimeFailure
+from . import gguf_info
 from .gguf_file import check_gguf_file
+from .gguf_info import file_type_name
 
 try:
     import llama_cpp as _ll
@@ -54,6 +57,7 @@ class _LogSink:
         self._lock = threading.Lock()
         self._partial = ""
         self.layer_devices: list[str] = []  # device of each layer, in order, since mark()
+        self.buffer_lines: list[str] = []  # llama.cpp's "... buffer size = N MiB" lines since mark()
         # keep a reference: ctypes callbacks must outlive their registration
         self._cb = _ll.llama_log_callback(self._on_log)
 
@@ -74,12 +78,16 @@ class _LogSink:
                 # "load_tensors: layer   3 assigned to device RPC0, is_swa = 0"
                 if line.startswith("load_tensors: layer ") and " assigned to device " in line:
                     self.layer_devices.append(line.split(" assigned to device ", 1)[1].split(",", 1)[0].strip())
+                # and the memory it takes: "llama_kv_cache:        CPU KV buffer size =     0.50 MiB"
+                elif " buffer size = " in line:
+                    self.buffer_lines.append(line.strip())
 
     def mark(self) -> int:
         with self._lock:
             self.tail.clear()
             self._partial = ""
             self.layer_devices = []
+            self.buffer_lines = []
         return 0
 
     def errors(self) -> list[str]:
@@ -88,6 +96,8 @@ class _LogSink:
         keys = ("error", "failed", "unknown", "invalid", "not within", "corrupt", "unsupported")
         return [ln for ln in lines if any(k in ln.lower() for k in keys)]
 
+
+_BUFFER = re.compile(r"(\S+)\s+(model|KV|compute) buffer size =\s*([\d.]+) MiB")
 
 _SINK: _LogSink | None = None
 _INIT_LOCK = threading.Lock()
@@ -150,25 +160,30 @@ class ModelFacts:
 
 _VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 
-def file_type_name(ftype: int) -> str:
-    try:
-        import gguf
-
-        return gguf.LlamaFileType(ftype).name.removeprefix("MOSTLY_")
-    except Exception:
-        return f"type {ftype}"
-
-
 def tensor_type_histogram(path: str | os.PathLike) -> dict[str, int]:
-    """Count tensors per quantization type, read from the GGUF header with the gguf package."""
-    import gguf
+    """Count tensors per quantization type, read from the GGUF header."""
+    return gguf_info.read_gguf_info(path).tensor_types
 
-    reader = gguf.GGUFReader(str(path), "r")
-    hist: dict[str, int] = {}
-    for t in reader.tensors:
-        name = gguf.GGMLQuantizationType(t.tensor_type).name
-        hist[name] = hist.get(name, 0) + 1
-    return dict(sorted(hist.items(), key=lambda kv: -kv[1]))
+
+@dataclass(frozen=True)
+class LoadMemory:
+    """What a loaded model takes, as llama.cpp's load log says it (its MiB, in bytes here)."""
+
+    model_bytes: int  # weights buffers ("model buffer size"), all devices
+    kv_bytes: int  # KV cache buffers ("KV buffer size")
+    compute_bytes: int  # compute buffers ("compute buffer size")
+
+
+def parse_buffers(lines: Sequence[str]) -> LoadMemory:
+    """LoadMemory from llama.cpp's "... buffer size = N MiB" lines (pure: tested without a GPU)."""
+    sizes = {"model": 0.0, "KV": 0.0, "compute": 0.0}
+    for ln in lines:
+        m = _BUFFER.search(ln)
+        if m:
+            sizes[m.group(2)] += float(m.group(3))
+    mib = 1 << 20
+    return LoadMemory(model_bytes=int(sizes["model"] * mib), kv_bytes=int(sizes["KV"] * mib),
+                      compute_bytes=int(sizes["compute"] * mib))
 
 
 def padded_ctx(n_ctx: int) -> int:
@@ -455,6 +470,7 @@ class Model:
         self.architecture = self.meta("general.architecture") or "unknown"
         self.recurrent = bool(_ll.llama_model_is_recurrent(model) or _ll.llama_model_is_hybrid(model))
         self.n_ctx = 0
+        self.memory: LoadMemory | None = None
         if vocab_only:
             return
 
@@ -486,6 +502,7 @@ class Model:
         )
         cparams.no_perf = True
         ctx = _ll.llama_init_from_model(model, cparams)
+        self.memory = parse_buffers(sink.buffer_lines)
         if not ctx:
             reason = "; ".join(sink.errors()[-2:]) or "llama.cpp could not create a context"
             self.close()

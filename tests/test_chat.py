@@ -274,6 +274,9 @@ def test_interrupt_inside_generation_keeps_partial(tiny_draft, tiny_target, tmp_
         assert not r2.interrupted and r2.stats.tokens == 20
         assert [m.role for m in s.messages] == ["user", "assistant", "user", "assistant"]
         assert s.totals.interrupted == 1 and s.totals.turns == 1
+        # /stats counts every reply, the interrupted one included
+        assert s.stats()["turns"] == 2
+        assert s.command("/stats").message.startswith("turns 2 (1 interrupted)")
         s.close()
     rows = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
     flags = [r["interrupted"] for r in rows if r["event"] == "assistant"]
@@ -354,16 +357,16 @@ def test_stats_shows_the_figures_of_the_modes_used(tiny_draft, tiny_target, tmp_
     with pair:
         _drain(s.send("hello"))
         line = s.command("/stats").message.splitlines()[1]
-        assert "accepted" not in line and "consulted" not in line  # target turns have neither
+        assert "n_accept" not in line and "consulted" not in line  # target turns have neither
         assert s.command("/mode easd-tf").ok
         _drain(s.send("and again"))
         st = s.command("/stats")
-        assert "accepted" not in st.message and "draft consulted at" in st.message
+        assert "n_accept" not in st.message and "draft consulted at" in st.message
         assert 0 < st.data["draft_consult_rate"] <= 1
         assert s.command("/mode sd").ok
         _drain(s.send("once more"))
         st = s.command("/stats")
-        assert "accepted" in st.message and "draft consulted at" in st.message
+        assert "n_accept" in st.message and "tok/verify" in st.message and "draft consulted at" in st.message
         s.close()
 
 

@@ -6,6 +6,50 @@ Each sub-module registers its own commands so that they stay small and independe
 from __future__ import annotations
 
 import typer
+import typer.core
+
+
+def _plain_help_types() -> None:
+    """--help in the usual CLI convention: flags show no type, other options TEXT /
+    INTEGER / FLOAT / PATH (recent typer writes <bool>, <str>, ...), and a required
+    argument reads PROMPT in the usage line (recent typer writes {PROMPT})."""
+    names = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "bool": "", "path": "PATH", "file": "PATH",
+             "dir": "PATH"}
+    opt, arg = getattr(typer.core, "TyperOption", None), getattr(typer.core, "TyperArgument", None)
+    if opt is not None and hasattr(opt, "display_type_rich"):
+        original = opt.display_type_rich
+
+        def display_type_rich(self, ctx):
+            if self.metavar is None and getattr(self, "is_flag", False):
+                return None
+            shown = original(self, ctx)
+            if isinstance(shown, str) and shown.startswith("<") and shown.endswith(">"):
+                label = shown[1:-1]
+                return names.get(label, label.upper()) or None
+            return shown
+
+        opt.display_type_rich = display_type_rich
+    if arg is not None and hasattr(arg, "_usage_display_name"):
+        original_usage = arg._usage_display_name
+
+        def _usage_display_name(self):
+            shown = original_usage(self)
+            return shown[1:-1] if shown.startswith("{") and shown.endswith("}") else shown
+
+        arg._usage_display_name = _usage_display_name
+    if arg is not None and hasattr(arg, "display_type_rich"):
+        original_arg = arg.display_type_rich
+
+        def arg_display_type_rich(self, ctx):
+            shown = original_arg(self, ctx)
+            if isinstance(shown, str) and shown.startswith("<") and shown.endswith(">"):
+                return None  # the argument's name already says what it is
+            return shown
+
+        arg.display_type_rich = arg_display_type_rich
+
+
+_plain_help_types()
 
 app = typer.Typer(
     name="easd-local",

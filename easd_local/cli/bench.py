@@ -31,7 +31,7 @@ from ..errors import ConfigError
 from ..runtime import fmt_bytes
 from . import options as o
 from .common import console, err_console, friendly
-from .pull_ui import confirm_download, pull_progress
+from .pull_ui import DownloadUI
 
 P_DATA = "Dataset"
 P_METHODS = "Methods"
@@ -51,18 +51,18 @@ def _panel(opt, panel: str):
 
 DatasetOpt = Annotated[Optional[str], typer.Option(
     "--dataset", help=f"A preset ({', '.join(n for n in preset_names() if n != 'gsm8k-train')}) or a JSONL file "
-    "(then give --question-key and --answer-key).", rich_help_panel=P_DATA)]
+    "(then give --question-key and --answer-key). Required (no default).", rich_help_panel=P_DATA)]
 QKeyOpt = Annotated[Optional[str], typer.Option(
-    "--question-key", help="JSON field holding the question (JSONL files; overrides a preset's).", rich_help_panel=P_DATA)]
+    "--question-key", help="JSON field holding the question (JSONL files; overrides a preset's; default: the preset's).", rich_help_panel=P_DATA)]
 AKeyOpt = Annotated[Optional[str], typer.Option(
-    "--answer-key", help="JSON field holding the gold answer (JSONL files; overrides a preset's).", rich_help_panel=P_DATA)]
+    "--answer-key", help="JSON field holding the gold answer (JSONL files; overrides a preset's; default: the preset's).", rich_help_panel=P_DATA)]
 GraderOpt = Annotated[Optional[str], typer.Option(
     "--grader", help=f"Answer grader: {' or '.join(GRADERS)} (default: the preset's; numeric for files).",
     rich_help_panel=P_DATA)]
-LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Use N problems (after --offset).", rich_help_panel=P_DATA)]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Use N problems (after --offset; default: all).", rich_help_panel=P_DATA)]
 OffsetOpt = Annotated[int, typer.Option("--offset", help="Skip the first N problems.", rich_help_panel=P_DATA)]
 SampleOpt = Annotated[Optional[int], typer.Option(
-    "--sample", help="Draw N problems at random (with --seed) from the --offset/--limit slice.", rich_help_panel=P_DATA)]
+    "--sample", help="Draw N problems at random (with --seed) from the --offset/--limit slice (default: none, in order).", rich_help_panel=P_DATA)]
 BenchSeedOpt = Annotated[Optional[int], typer.Option(
     "--seed", help="Seed for --sample and for sampling when --temperature > 0 (default 0).", rich_help_panel=P_DATA)]
 
@@ -72,20 +72,22 @@ ModesOpt = Annotated[Optional[str], typer.Option(
 EasdConfigOpt = Annotated[Optional[list[str]], typer.Option(
     "--easd-config", metavar="NAME:KEY=VAL,...",
     help="A method NAME with its own settings, e.g. hot:tau-target=1.5,penalty=0.5 (mode from mode=, else easd). "
-    "Repeatable.", rich_help_panel=P_METHODS)]
+    "Repeatable (default: none).", rich_help_panel=P_METHODS)]
 SweepOpt = Annotated[Optional[list[str]], typer.Option(
     "--sweep", metavar="KEY=V1,V2,...",
-    help="One easd method per value, named like easd\\[tau_target=1.5]; repeat for a grid.", rich_help_panel=P_METHODS)]
+    help="One easd method per value, named like easd\\[tau_target=1.5]; repeat for a grid (default: none).", rich_help_panel=P_METHODS)]
 
 PairsOpt = Annotated[Optional[list[str]], typer.Option(
     "--pair", metavar="NAME", help="Catalog pair name; repeat to compare pairs (default: the default pair).", rich_help_panel=P_MODELS)]
-DraftsOpt = Annotated[Optional[list[Path]], typer.Option(
-    "--draft", metavar="PATH", help="Draft GGUF file; repeat with --target to compare pairs (paired in order).", rich_help_panel=P_MODELS)]
-TargetsOpt = Annotated[Optional[list[Path]], typer.Option(
-    "--target", metavar="PATH", help="Target GGUF file; the i-th --target goes with the i-th --draft.", rich_help_panel=P_MODELS)]
+DraftsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--draft", "-md", metavar="PATH|NAME", help="Draft GGUF file or catalog model name; repeat with --target to compare "
+    "pairs (paired in order; default: the pair's).", rich_help_panel=P_MODELS)]
+TargetsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--target", "-m", metavar="PATH|NAME", help="Target GGUF file or catalog model name; the i-th --target goes with "
+    "the i-th --draft (default: the pair's).", rich_help_panel=P_MODELS)]
 
 OutOpt = Annotated[Optional[Path], typer.Option(
-    "--out", metavar="FILE", help="Results file (JSON lines, one row per problem × method × pair, appended as each finishes).",
+    "--out", metavar="FILE", help="Results file (JSON lines, one row per problem × method × pair, appended as each finishes). Required (no default).",
     rich_help_panel=P_OUT)]
 ResumeOpt = Annotated[bool, typer.Option(
     "--resume", help="Continue an interrupted run: keep --out's rows and compute only the missing ones.",
@@ -204,8 +206,9 @@ def _run(
     env_note = runner.env_mismatch(list(results.rows.values()), env)
     if env_note and strict_env:  # before any download or model load
         raise ConfigError(f"{env_note}; --strict-env refuses to mix environments in {out}")
-    specs = runner.pair_specs(pair or (), draft or (), target or (), methods,
-                              confirm=confirm_download(yes), progress=pull_progress())
+    with DownloadUI(yes) as dl:
+        specs = runner.pair_specs(pair or (), draft or (), target or (), methods, confirm=dl.confirm,
+                                  progress=dl.progress)
     plan = runner.prepare(problems, specs, methods, base, flags, topts, dopts, env=env)
 
     with results.open():
@@ -381,8 +384,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @friendly
     def report(
         results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
-        markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the tables as Markdown to this file.")] = None,
-        plot: Annotated[Optional[Path], typer.Option("--plot", help="Also plot accuracy against tokens/s to this PNG (needs matplotlib).")] = None,
+        markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the tables as Markdown to this file (default: none).")] = None,
+        plot: Annotated[Optional[Path], typer.Option("--plot", help="Also plot accuracy against tokens/s to this PNG (needs matplotlib; default: none).")] = None,
         same_env: Annotated[bool, typer.Option("--same-env", help="Paired wins/losses only on problems whose two rows come from one environment (same llama.cpp build, threads, batch sizes, machine...).")] = False,
     ) -> None:
         """Summarise a results file: accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares. Says first when the rows come from more than one environment."""
@@ -394,10 +397,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     def rerun(
         results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
         qid: Annotated[str, typer.Option("--qid", help="The problem's id (the row's qid).")],
-        method: Annotated[str, typer.Option("--method", help="The row's method (e.g. target, easd-tf, easd[tau_target=1.5]).")],
-        pair: Annotated[Optional[str], typer.Option("--pair", help="The row's pair, when the file has several.")] = None,
-        draft: Annotated[Optional[Path], typer.Option("--draft", help="The draft file, when it is not where this machine's hash cache or catalog knows it.")] = None,
-        target: Annotated[Optional[Path], typer.Option("--target", help="The target file, likewise.")] = None,
+        method: Annotated[str, typer.Option("--method", help="The row's method (e.g. target, easd-tf, easd\\[tau_target=1.5]).")],
+        pair: Annotated[Optional[str], typer.Option("--pair", help="The row's pair, when the file has several (default: the only one).")] = None,
+        draft: Annotated[Optional[Path], typer.Option("--draft", help="The draft file, when it is not where this machine's hash cache or catalog knows it (default: the row's).")] = None,
+        target: Annotated[Optional[Path], typer.Option("--target", help="The target file, likewise (default: the row's).")] = None,
     ) -> None:
         """Re-run one row with the settings and model files it records (refused when a file's sha256 no longer matches) and print 'identical' or where the texts first differ and why: an argmax near-tie (logit gap), a gate near-tie (entropies near their thresholds) or a real difference. Exit 0 identical, 1 different."""
         print_rerun(results, qid, method, pair, draft, target)

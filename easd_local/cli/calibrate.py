@@ -24,7 +24,7 @@ from ..pair import open_models
 from ..resolve import resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
-from .pull_ui import confirm_download, pull_progress
+from .pull_ui import DownloadUI
 
 _BLOCKS = " ▏▎▍▌▋▊▉█"
 
@@ -123,12 +123,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         top_n: o.TopNOpt = None,
         overlap: o.OverlapOpt = None,
         percentile: Annotated[Optional[float], typer.Option(
-            "--percentile", help="Write tau_draft/tau_target at this percentile (0-100) into the pair's profile.")] = None,
-        png: Annotated[Optional[Path], typer.Option("--png", help="Also save the histograms as a PNG (needs matplotlib).")] = None,
-        trace: Annotated[Optional[Path], typer.Option("--trace", help="Write every position's figures (JSONL).")] = None,
+            "--percentile", help="Write tau_draft/tau_target at this percentile (0-100) into the pair's profile (default: none, nothing written).")] = None,
+        png: Annotated[Optional[Path], typer.Option("--png", help="Also save the histograms as a PNG (needs matplotlib; default: none).")] = None,
+        trace: Annotated[Optional[Path], typer.Option("--trace", help="Write every position's figures (JSONL; default: none).")] = None,
         allow_test_split: Annotated[bool, typer.Option(
             "--allow-test-split", help="Allow a test-split preset (its scores are then biased by the calibration).")] = False,
-        system: Annotated[Optional[str], typer.Option("--system", help="System message for the chat template.")] = None,
+        system: Annotated[Optional[str], typer.Option("--system", help="System message for the chat template (default: none).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
         ctx: o.CtxOpt = 4096,
         threads: o.ThreadsOpt = None,
@@ -161,7 +161,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
                                       rpc, rpc_draft, tensor_split)
         parallel, topts, dopts = o.parallel_options(parallel, topts, dopts)
-        spec = resolve_pair(pair, draft, target, mode="sd", confirm=confirm_download(yes), progress=pull_progress())
+        with DownloadUI(yes) as dl:
+            spec = resolve_pair(pair, draft, target, mode="sd", confirm=dl.confirm, progress=dl.progress)
         with open_models(spec.draft, spec.target, topts, dopts) as models:
             base.replace(top_n=top_n_, overlap=tau_o).validate(models.n_vocab)
             sys_msg = [{"role": "system", "content": system}] if system else []

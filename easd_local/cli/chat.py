@@ -13,14 +13,16 @@ import typer
 from rich.text import Text
 
 from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter, auto_mode
+from ..config import not_lossless
 from ..errors import EasdError
 from ..pair import open_models
 from ..runtime import gpu_offload_supported
 from ..resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
-from .pull_ui import confirm_download, pull_progress
-from .render import LEGEND, ORIGIN_STYLE, placement_text, status_line
+from .pull_ui import DownloadUI
+from .progress import spinner, until_first
+from .render import LEGEND, ORIGIN_STYLE, placement_line, status_line
 
 
 class _Input:
@@ -89,7 +91,9 @@ class _Writer:
 
 
 def _note(text: str, style: str = "dim") -> None:
-    err_console.print(Text(text, style=style))
+    # on a terminal, wrapped at word boundaries (a soft wrap lets the terminal cut words);
+    # pipes and logs get whole lines
+    err_console.print(Text(text, style=style), soft_wrap=not err_console.is_terminal)
 
 
 def _run_turn(session: ChatSession, text: str, writer: _Writer) -> None:
@@ -100,7 +104,7 @@ def _run_turn(session: ChatSession, text: str, writer: _Writer) -> None:
         return
     reply: Reply | None = None
     try:
-        for ev in stream:
+        for ev in until_first(stream, "evaluating the prompt"):
             if isinstance(ev, Notice):
                 _note(ev.text, "yellow")
             elif isinstance(ev, Reply):
@@ -157,6 +161,21 @@ def _loop(session: ChatSession, show_origin: bool) -> None:
             writer.end_reply()
 
 
+CHAT = o.DecodeOpts(CHAT_DEFAULTS, mode_default="auto: easd-tf on a CPU build, easd with GPU offload")
+
+
+def banner(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str) -> list[tuple[str, str]]:
+    """The lines chat starts with, and their styles."""
+    lines = [(f"easd-local chat · {label} · mode {mode}{f' (auto: {why})' if why else ''} · context {n_ctx} tokens · "
+              "/help for commands, Ctrl-D to leave", "dim")]
+    sampling = "greedy" if cfg.greedy else f"sampling: temperature {cfg.temperature:g}, top-k {cfg.top_k}, top-p {cfg.top_p:g}"
+    lines.append((f"{sampling}, up to {cfg.max_tokens} tokens a reply · {placement}", "dim"))
+    reason = not_lossless(mode)
+    if reason:
+        lines.append((f"note: {reason}. For the target's own output: /mode sd here, or --mode sd.", "yellow"))
+    return lines
+
+
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @app.command("chat")
     @friendly
@@ -165,20 +184,20 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         target: o.TargetOpt = None,
         pair: o.PairOpt = None,
         yes: o.YesOpt = False,
-        mode: o.ModeOpt = None,
-        max_tokens: o.MaxTokOpt = None,
-        temperature: o.TempOpt = None,
-        top_k: o.TopKOpt = None,
-        top_p: o.TopPOpt = None,
-        seed: o.SeedOpt = None,
-        gamma: o.GammaOpt = None,
-        draft_p_min: o.PMinOpt = None,
-        top_n: o.TopNOpt = None,
-        overlap: o.OverlapOpt = None,
-        tau_draft: o.TauDOpt = None,
-        tau_target: o.TauTOpt = None,
-        penalty: o.PenaltyOpt = None,
-        system: Annotated[Optional[str], typer.Option("--system", help="System message.")] = None,
+        mode: CHAT.mode = None,
+        max_tokens: CHAT.max_tokens = None,
+        temperature: CHAT.temperature = None,
+        top_k: CHAT.top_k = None,
+        top_p: CHAT.top_p = None,
+        seed: CHAT.seed = None,
+        gamma: CHAT.gamma = None,
+        draft_p_min: CHAT.draft_p_min = None,
+        top_n: CHAT.top_n = None,
+        overlap: CHAT.overlap = None,
+        tau_draft: CHAT.tau_draft = None,
+        tau_target: CHAT.tau_target = None,
+        penalty: CHAT.penalty = None,
+        system: Annotated[Optional[str], typer.Option("--system", metavar="TEXT", help=o.with_default("System message.", "none"))] = None,
         show_origin: Annotated[bool, typer.Option("--show-origin", help="Colour each token by where it came from.")] = False,
         ctx: o.CtxOpt = 4096,
         threads: o.ThreadsOpt = None,
@@ -191,40 +210,42 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         tensor_split: o.TensorSplitOpt = None,
         verbose: o.VerboseOpt = False,
     ) -> None:
-        """Chat with a draft/target pair using EASD (or sd / target / draft / easd-tf).
+        """Chat with a draft/target pair, streamed, with slash commands.
 
-        Chat samples by default: temperature 0.7, top-k 40, top-p 0.95, at most 1024 tokens
-        per reply (the flags override these). Each turn re-renders the history with the
-        target's chat template; only the new tokens are evaluated. Commands: /mode, /set
-        KEY VALUE, /stats, /system, /reset, /save [PATH], /help, /quit. Ctrl-C stops a
-        reply; Ctrl-C or Ctrl-D at the prompt leaves. Every session is logged as JSONL in
-        the transcripts folder.
+        Default mode: easd-tf on a CPU build, easd with GPU offload (the same rule as generate).
+
+        easd and easd-tf are not lossless: the gate replaces some of the target's tokens. For the target's own output use --mode sd (or /mode sd in the chat).
+
+        Chat samples (temperature 0.7, top-k 40, top-p 0.95, up to 1024 tokens a reply) as chat UIs do; generate is greedy (temperature 0, 512 tokens) so that its runs repeat exactly. --temp 0 makes chat greedy.
+
+        Each turn re-renders the history with the target's chat template; only the new tokens are evaluated. Commands: /mode, /set KEY VALUE, /stats, /system, /reset, /save [PATH], /help, /quit. Ctrl-C stops a reply; Ctrl-C or Ctrl-D at the prompt leaves. Every session is logged as JSONL in the transcripts folder (the path is printed when you leave).
         """
         flags = o.decode_flags(locals())
         # every value is checked before any model loads
         CHAT_DEFAULTS.replace(**{k: v for k, v in flags.items() if v is not None})
         topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
                                       rpc, rpc_draft, tensor_split)
-        spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=confirm_download(yes),
-                            progress=pull_progress())
+        with DownloadUI(yes) as dl:
+            spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
         why = ""
         if mode is None:
             flags["mode"], why = auto_mode(gpu_offload_supported(), n_gpu_layers, spec.draft is not None)
         cfg, source = resolve_config(CHAT_DEFAULTS, spec, flags)
         # load every model that was given, so that /mode can switch between them
-        models = open_models(spec.draft, spec.target, topts, dopts)
+        with spinner(f"loading {spec.label}"):
+            models = open_models(spec.draft, spec.target, topts, dopts)
         with models:
+            transcript = TranscriptWriter.new()
             session = ChatSession(
                 models.target, models.draft, cfg, n_vocab=models.n_vocab, system=system,
-                thresholds_source=source, transcript=TranscriptWriter.new(), label=spec.label,
+                thresholds_source=source, transcript=transcript, label=spec.label,
             )
             try:
-                where = placement_text(models)
-                _note(f"easd-local chat · {spec.label} · mode {cfg.mode}{f' (auto: {why})' if why else ''} · "
-                      f"context {session.n_ctx} tokens · " + (f"layers: {where} · " if where else "")
-                      + "/help for commands, Ctrl-D to leave")
+                for line, style in banner(spec.label, cfg.mode, why, session.n_ctx, cfg, placement_line(models)):
+                    _note(line, style)
                 if show_origin and sys.stdout.isatty():
                     err_console.print(LEGEND)
                 _loop(session, show_origin)
             finally:
                 session.close()
+                _note(f"transcript: {transcript.path}")

@@ -11,23 +11,27 @@ import typer
 from rich.text import Text
 
 from .. import provenance
-from ..config import DecodeConfig
+from ..chat import auto_mode
+from ..config import DecodeConfig, not_lossless
+from ..runtime import gpu_offload_supported
 from ..decoding import Finished, generate as decode_stream
 from ..near_ties import gate_margin
 from ..pair import open_models
 from ..resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
-from .pull_ui import confirm_download, pull_progress
+from .pull_ui import DownloadUI
 from ..fsutil import write_jsonl_atomic
-from .render import LEGEND, ORIGIN_STYLE, placement_text, status_line, trace_rows
+from .progress import spinner, until_first
+from .render import LEGEND, ORIGIN_STYLE, placement, placement_text, run_settings, status_line, trace_rows
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @app.command("generate")
     @friendly
     def generate(
-        prompt: Annotated[str, typer.Argument(help="Prompt text ('-' reads standard input).")],
+        prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="Prompt text ('-' reads standard input).",
+                                              show_default=False)],
         draft: o.DraftOpt = None,
         target: o.TargetOpt = None,
         pair: o.PairOpt = None,
@@ -46,10 +50,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         tau_target: o.TauTOpt = None,
         penalty: o.PenaltyOpt = None,
         chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the target's chat template.")] = True,
-        system: Annotated[Optional[str], typer.Option("--system", help="System message (with --chat).")] = None,
+        system: Annotated[Optional[str], typer.Option("--system", metavar="TEXT", help=o.with_default("System message (with --chat).", "none"))] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with the text and every statistic.")] = False,
         show_origin: Annotated[bool, typer.Option("--show-origin", help="Colour each token by where it came from.")] = False,
-        trace: Annotated[Optional[Path], typer.Option("--trace", help="Write a per-token trace (JSONL).")] = None,
+        trace: Annotated[Optional[Path], typer.Option("--trace", metavar="FILE", help=o.with_default("Write a per-token trace (JSONL).", "none"))] = None,
         ctx: o.CtxOpt = 4096,
         threads: o.ThreadsOpt = None,
         n_gpu_layers: o.NglOpt = -1,
@@ -61,7 +65,14 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         tensor_split: o.TensorSplitOpt = None,
         verbose: o.VerboseOpt = False,
     ) -> None:
-        """Generate one completion with EASD (or sd / target / draft / easd-tf) and print statistics."""
+        """Generate one completion and print statistics.
+
+        Default mode: easd-tf on a CPU build, easd with GPU offload (the same rule as chat).
+
+        easd and easd-tf are not lossless: the gate replaces some of the target's tokens. For the target's own output use --mode sd (or --mode target).
+
+        generate is greedy (temperature 0, up to 512 tokens) so that a run repeats exactly; chat samples (temperature 0.7) as chat UIs do.
+        """
         flags = o.decode_flags(locals())
         # every value is checked before any model loads
         DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
@@ -69,14 +80,18 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                                       rpc, rpc_draft, tensor_split)
         if prompt == "-":
             prompt = sys.stdin.read()
-        mode_ = mode or "easd"
-        spec = resolve_pair(pair, draft, target, mode=mode_, confirm=confirm_download(yes), progress=pull_progress())
+        with DownloadUI(yes) as dl:
+            spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
+        if mode is None:
+            # one rule for a mode not given, shared with chat
+            flags["mode"], _why = auto_mode(gpu_offload_supported(), n_gpu_layers, spec.draft is not None)
         cfg, source = resolve_config(DecodeConfig(), spec, flags)
-        models = open_models(
-            spec.draft if cfg.mode != "target" else (spec.draft if spec.target is None else None),
-            spec.target if cfg.mode != "draft" else None,
-            topts, dopts,
-        )
+        with spinner(f"loading {spec.label}"):
+            models = open_models(
+                spec.draft if cfg.mode != "target" else (spec.draft if spec.target is None else None),
+                spec.target if cfg.mode != "draft" else None,
+                topts, dopts,
+            )
         with models:
             main = models.target if models.target is not None else models.draft
             cfg.validate(models.n_vocab)
@@ -87,11 +102,16 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 tokens = main.tokenize(prompt, add_special=True, parse_special=False)
             if show_origin and not json_out:
                 err_console.print(LEGEND)
+            reason = not_lossless(cfg.mode)
+            if reason and not json_out:
+                err_console.print(Text(f"note: {reason}; --mode sd gives the target's own output", style="yellow"),
+                                  soft_wrap=not err_console.is_terminal)
             events = []
             fin = None
             out = sys.stdout
-            for ev in decode_stream(models.target, models.draft, tokens, cfg, n_vocab=models.n_vocab,
-                                    thresholds_source=source):
+            stream = decode_stream(models.target, models.draft, tokens, cfg, n_vocab=models.n_vocab,
+                                   thresholds_source=source)
+            for ev in until_first(stream, f"evaluating the prompt ({len(tokens)} tokens)"):
                 if isinstance(ev, Finished):
                     fin = ev
                     break
@@ -109,7 +129,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 prov = provenance.collect(spec.draft, spec.target, topts, dopts)
                 margin = gate_margin(events, cfg.tau_draft, cfg.tau_target, cfg.overlap)
                 obj = {"text": fin.text, "pair": spec.label, **fin.stats.to_dict(), **margin.to_stats(),
-                       "completion_tokens": fin.tokens, "provenance": prov.to_dict()}
+                       **run_settings(cfg, spec), "lossless": reason is None, "completion_tokens": fin.tokens,
+                       "placement": placement(models), "provenance": prov.to_dict()}
                 out.write(json.dumps(obj, ensure_ascii=False) + "\n")
             else:
                 if fin.tail:

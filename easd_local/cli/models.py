@@ -119,3 +119,41 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         if where is not None:
             for text in (line, *layers):
                 console.print(Text(text), soft_wrap=True)
+
+    @models_app.command("add-pair")
+    @friendly
+    def add_pair(
+        name: Annotated[str, typer.Argument(metavar="NAME", help="Name for the pair (then: --pair NAME).",
+                                            show_default=False)],
+        draft: Annotated[str, typer.Option("--draft", "-md", metavar="PATH|NAME",
+                                           help="Draft: a GGUF file or a catalog model name.", show_default=False)],
+        target: Annotated[str, typer.Option("--target", "-m", metavar="PATH|NAME",
+                                            help="Target: a GGUF file or a catalog model name.", show_default=False)],
+        yes: o.YesOpt = False,
+    ) -> None:
+        """Register a draft/target pair under NAME after checking it as llama.cpp does; the verdict is stored.
+
+        A file given by path is registered as a model too (named after the file), and stays where it is.
+        """
+        d_name, d_path, d_new = _model_name_for(draft, "draft", yes)
+        t_name, t_path, t_new = _model_name_for(target, "target", yes)
+        cat = load_catalog()
+        if name in cat.pairs and not cat.pairs[name].user:
+            raise ConfigError(f"{name!r} is a built-in pair; choose another name")
+        try:
+            n_shared = check_pair_files(d_path, t_path)
+        except PairError as e:
+            raise PairError(f"pair {name} not added: {d_path.name} cannot draft for {t_path.name}: {e}") from None
+        # registered only once the check passed: a failed add-pair leaves the catalog as it was
+        if d_new:
+            add_model_with_bar(d_name, str(d_path), role="draft")
+        if t_new and t_path != d_path:
+            add_model_with_bar(t_name, str(t_path), role="target")
+        from .. import __version__
+
+        check = {"compatible": True, "shared_vocab": n_shared,
+                 "checked": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                 "by": f"easd-local {__version__} (llama.cpp's draft/target vocabulary rules)"}
+        entry = add_user_pair(name, d_name, t_name, check)
+        console.print(Text(f"added pair {entry.name}: {d_name} drafting for {t_name}; compatible, shared vocabulary "
+                           f"{n_shared:,} tokens. Use it with --pair {entry.name}."), soft_wrap=True)

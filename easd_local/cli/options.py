@@ -1,57 +1,120 @@
-"""Options shared by generate, chat, bench and calibrate, declared once.
+"""Options shared by generate, chat, serve, bench and calibrate, declared once.
 
 Decoding flags default to None so that the precedence flag > pair profile > built-in
-default can be applied after parsing (see ``decode_config``).
+default can be applied after parsing (see ``decode_config``); ``DecodeOpts(defaults)``
+gives each command the same options with its own defaults shown in ``--help``.
+Short names follow llama.cpp's (``-m`` target, ``-md`` draft, ``-c``, ``-n``, ``-t``,
+``-ngl``, ``-ngld``, ``-s``, ``--draft-max``, ``--temp``) with llama.cpp's meanings.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
-from typing import Annotated
 
-from ..config import DecodeConfig, MODES
+from ..config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, MODES, DecodeConfig, LOSSLESS_HELP
 from ..errors import ConfigError
 from ..rpc import parse_endpoints, parse_tensor_split
 from ..runtime import LoadOptions
 
-DraftOpt = Annotated[Optional[Path], typer.Option("--draft", help="Draft GGUF file (bypasses the catalog).")]
-TargetOpt = Annotated[Optional[Path], typer.Option("--target", help="Target GGUF file (bypasses the catalog).")]
-PairOpt = Annotated[Optional[str], typer.Option("--pair", help="Pair name from the catalog (default: the default pair).")]
+
+def with_default(help: str, shown) -> str:
+    """``help`` ending in the default, for options whose parsed default is None (the value
+    in force is decided after parsing, so typer cannot show it by itself)."""
+    return f"{help} \\[default: {shown}]"
+
+
+# Model options take a GGUF path or a model name from the catalog (`models list`).
+DraftOpt = Annotated[Optional[str], typer.Option(
+    "--draft", "-md", metavar="PATH|NAME",
+    help=with_default("Draft model: a GGUF file or a catalog model name (llama.cpp: -md).", "the pair's"))]
+TargetOpt = Annotated[Optional[str], typer.Option(
+    "--target", "-m", metavar="PATH|NAME",
+    help=with_default("Target model: a GGUF file or a catalog model name (llama.cpp: -m).", "the pair's"))]
+PairOpt = Annotated[Optional[str], typer.Option(
+    "--pair", metavar="NAME",
+    help=with_default("Pair name from the catalog, built-in or added with `models add-pair`.", "the default pair"))]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download without asking.")]
 
-CtxOpt = Annotated[int, typer.Option("--ctx", help="Context length (tokens) for each model.")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", help="CPU threads (default: all cores).")]
-NglOpt = Annotated[int, typer.Option("--n-gpu-layers", help="Target layers to offload to the GPU (-1 = all).")]
-NglDraftOpt = Annotated[Optional[int], typer.Option("--n-gpu-layers-draft", help="Draft layers to offload (default: as target).")]
-FlashOpt = Annotated[bool, typer.Option("--flash-attn/--no-flash-attn", help="Use flash attention.")]
-MainGpuOpt = Annotated[int, typer.Option("--main-gpu", help="GPU index for the models.")]
+CtxOpt = Annotated[int, typer.Option("--ctx", "-c", metavar="N", help="Context length (tokens) for each model.")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N",
+                                                   help=with_default("CPU threads.", "all cores"))]
+NglOpt = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", metavar="N",
+                                     help="Target layers to offload to the GPU (-1 = all; ignored on a CPU build).")]
+NglDraftOpt = Annotated[Optional[int], typer.Option("--n-gpu-layers-draft", "-ngld", metavar="N",
+                                                    help=with_default("Draft layers to offload.", "as --n-gpu-layers"))]
+FlashOpt = Annotated[bool, typer.Option("--flash-attn", "-fa", help="Use flash attention (llama.cpp: -fa).")]
+MainGpuOpt = Annotated[int, typer.Option("--main-gpu", metavar="I", help="GPU index for the models.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log.")]
 RpcOpt = Annotated[Optional[str], typer.Option(
     "--rpc", metavar="HOST:PORT[,...]",
-    help="Put the target's offloaded layers (--n-gpu-layers) on these llama.cpp rpc-servers (and local GPUs); "
-         "no authentication: trusted networks only.")]
+    help=with_default("Put the target's offloaded layers (--n-gpu-layers) on these llama.cpp rpc-servers (and local "
+                      "GPUs); no authentication: trusted networks only.", "none: local devices"))]
 RpcDraftOpt = Annotated[Optional[str], typer.Option(
-    "--rpc-draft", metavar="HOST:PORT[,...]", help="The same for the draft (default: the draft stays local).")]
+    "--rpc-draft", metavar="HOST:PORT[,...]",
+    help=with_default("The same for the draft.", "none: the draft stays local"))]
 TensorSplitOpt = Annotated[Optional[str], typer.Option(
-    "--tensor-split", metavar="N0,N1,...",
-    help="Target: share of offloaded layers per device, in llama.cpp's order (RPC servers first, then local GPUs).")]
+    "--tensor-split", "-ts", metavar="N0,N1,...",
+    help=with_default("Target: share of offloaded layers per device, in llama.cpp's order (RPC servers first, then "
+                      "local GPUs), as llama.cpp's --tensor-split/-ts.", "llama.cpp's choice"))]
 
-ModeOpt = Annotated[Optional[str], typer.Option("--mode", help=f"Decoding mode: {', '.join(MODES)}.")]
-MaxTokOpt = Annotated[Optional[int], typer.Option("--max-tokens", help="Maximum tokens to generate.")]
-TempOpt = Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature (0 = greedy).")]
-TopKOpt = Annotated[Optional[int], typer.Option("--top-k", help="Top-k sampling (0 = off).")]
-TopPOpt = Annotated[Optional[float], typer.Option("--top-p", help="Top-p sampling (1 = off).")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed.")]
-GammaOpt = Annotated[Optional[int], typer.Option("--gamma", help="Draft tokens per verify (default 4).")]
-PMinOpt = Annotated[Optional[float], typer.Option("--draft-p-min", help="Stop drafting when the draft's top probability is below this.")]
-TopNOpt = Annotated[Optional[int], typer.Option("--top-n", help="EASD: N of the top-N overlap (default 5).")]
-OverlapOpt = Annotated[Optional[float], typer.Option("--overlap", help="EASD: minimum top-N overlap in [0,1] (default 0.6).")]
-TauDOpt = Annotated[Optional[float], typer.Option("--tau-draft", help="EASD: draft entropy threshold in nats (inf = gate off).")]
-TauTOpt = Annotated[Optional[float], typer.Option("--tau-target", help="EASD: target entropy threshold in nats (inf = gate off).")]
-PenaltyOpt = Annotated[Optional[float], typer.Option("--penalty", help="EASD: lambda, factor on a gated token's probability (0 = removed).")]
+_MODE_HELP = f"Decoding mode: {', '.join(MODES)}. {LOSSLESS_HELP}"
+
+
+def _num(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+class DecodeOpts:
+    """The decoding options of one command, each showing ``defaults``' value in --help.
+
+    ``mode_default`` is the text shown for --mode (chat and generate pick it at run time)."""
+
+    def __init__(self, defaults: DecodeConfig = DecodeConfig(), mode_default: str | None = None) -> None:
+        d = defaults
+
+        def opt(kind, *names: str, help: str, shown, metavar: str | None = None):
+            return Annotated[Optional[kind], typer.Option(*names, help=with_default(help, shown), metavar=metavar)]
+
+        self.mode = opt(str, "--mode", help=_MODE_HELP, shown=mode_default or d.mode, metavar="MODE")
+        self.max_tokens = opt(int, "--max-tokens", "-n", help="Maximum tokens to generate.", shown=d.max_tokens,
+                              metavar="N")
+        self.temperature = opt(float, "--temperature", "--temp", help="Sampling temperature (0 = greedy).",
+                               shown=_num(d.temperature), metavar="T")
+        self.top_k = opt(int, "--top-k", help="Top-k sampling (0 = off).", shown=d.top_k, metavar="K")
+        self.top_p = opt(float, "--top-p", help="Top-p sampling (1 = off).", shown=_num(d.top_p), metavar="P")
+        self.seed = opt(int, "--seed", "-s", help="Random seed.", shown=d.seed, metavar="N")
+        self.gamma = opt(int, "--gamma", "--draft-max", help="Draft tokens per verify (llama.cpp: --draft-max).",
+                         shown=d.gamma, metavar="N")
+        self.draft_p_min = opt(float, "--draft-p-min", help="Stop drafting when the draft's top probability is below this.",
+                               shown=_num(d.draft_p_min), metavar="P")
+        self.top_n = opt(int, "--top-n", help="EASD: N of the top-N overlap.", shown=d.top_n, metavar="N")
+        self.overlap = opt(float, "--overlap", help="EASD: minimum top-N overlap in [0,1].", shown=_num(d.overlap),
+                           metavar="F")
+        self.tau_draft = opt(float, "--tau-draft", help="EASD: draft entropy threshold in nats (inf = gate off).",
+                             shown=f"the pair's profile, else {_num(DEFAULT_TAU_DRAFT)}", metavar="NATS")
+        self.tau_target = opt(float, "--tau-target", help="EASD: target entropy threshold in nats (inf = gate off).",
+                              shown=f"the pair's profile, else {_num(DEFAULT_TAU_TARGET)}", metavar="NATS")
+        self.penalty = opt(float, "--penalty", help="EASD: lambda, factor on a gated token's probability (0 = removed).",
+                           shown=_num(d.penalty), metavar="LAMBDA")
+
+
+# generate's and calibrate's defaults (chat has its own: easd_local.chat.CHAT_DEFAULTS)
+GEN = DecodeOpts(DecodeConfig(), mode_default="auto: easd-tf on a CPU build, easd with GPU offload")
+ModeOpt = GEN.mode
+MaxTokOpt = GEN.max_tokens
+TempOpt = GEN.temperature
+TopKOpt = GEN.top_k
+TopPOpt = GEN.top_p
+SeedOpt = GEN.seed
+GammaOpt = GEN.gamma
+PMinOpt = GEN.draft_p_min
+TopNOpt = GEN.top_n
+OverlapOpt = GEN.overlap
+TauDOpt = GEN.tau_draft
+TauTOpt = GEN.tau_target
+PenaltyOpt = GEN.penalty
 
 
 def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: bool, main_gpu: int, verbose: bool,

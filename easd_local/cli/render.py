@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from ..decoding import BONUS, DRAFT, EASD, TARGET, TRACE_NAMES, Stats, TokenEvent
+from ..decoding import BONUS, DRAFT, EASD, TARGET, TRACE_NAMES, Stats, TokenEvent, acceptance_text
+from ..runtime import backends, system_info
+from ..units import human_size
 
 ORIGIN_STYLE = {DRAFT: "green", TARGET: "yellow", EASD: "bold magenta", BONUS: "cyan"}
 LEGEND = (
@@ -31,7 +33,7 @@ def placement_text(models) -> str:
 def status_line(s: Stats, where: str = "") -> str:
     parts = [f"{s.mode}", f"{s.tokens} tokens", f"{s.tokens_per_s:.1f} tok/s", f"ttft {s.ttft_s:.2f}s"]
     if s.mode in ("sd", "easd"):
-        parts += [f"accepted {100 * s.acceptance_rate:.0f}%", f"mean accepted {s.mean_accepted_len:.2f}/verify"]
+        parts.append(acceptance_text(s.drafted, s.draft_accepted, s.mean_accepted_len))
     if s.mode in ("easd", "easd-tf"):
         parts.append(f"EASD fires {s.easd_fires}")
         if s.mode == "easd-tf":
@@ -65,3 +67,65 @@ def trace_rows(events: Iterable[TokenEvent]) -> Iterable[dict]:
         }
 
 
+def backend() -> str:
+    """The build's compute backend as users name it: CUDA, Metal, Vulkan... or CPU."""
+    return "+".join(b for b in backends(system_info()) if b != "CPU") or "CPU"
+
+
+def _on_gpu(device: str) -> bool:
+    return not device.upper().startswith("CPU")
+
+
+def placement(models) -> dict:
+    """Backend and, per loaded model, its layers by device and its memory (for --json and
+    `models check --json`); sizes in bytes."""
+    out: dict = {"backend": backend()}
+    for role in ("target", "draft"):
+        m = getattr(models, role, None)
+        if m is None:
+            continue
+        layers = dict(getattr(m, "placement", None) or {})
+        mem = getattr(m, "memory", None)
+        out[role] = {
+            "layers": layers,
+            "layers_total": sum(layers.values()),
+            "layers_gpu": sum(n for dev, n in layers.items() if _on_gpu(dev)),
+            "model_bytes": mem.model_bytes if mem else None,
+            "kv_bytes": mem.kv_bytes if mem else None,
+            "compute_bytes": mem.compute_bytes if mem else None,
+        }
+    return out
+
+
+def memory_line(models) -> str:
+    """'backend CPU · target: model 1.12 GB, KV 58.72 MB · draft: ...' (llama.cpp's buffer sizes)."""
+    p = placement(models)
+    parts = [f"backend {p['backend']}"]
+    for role in ("target", "draft"):
+        r = p.get(role)
+        if r and r["model_bytes"] is not None:
+            parts.append(f"{role}: model {human_size(r['model_bytes'])}, KV {human_size(r['kv_bytes'])}")
+    return " · ".join(parts)
+
+
+def placement_line(models) -> str:
+    """The banner's line: backend, each model's layers by device, and memory."""
+    p = placement(models)
+    parts = [f"backend {p['backend']}"]
+    for role in ("target", "draft"):
+        r = p.get(role)
+        if not r:
+            continue
+        total = r["layers_total"]
+        layers = " + ".join(f"{dev} {n}/{total}" for dev, n in r["layers"].items()) or "layers unknown"
+        mem = f", model {human_size(r['model_bytes'])}, KV {human_size(r['kv_bytes'])}" if r["model_bytes"] is not None else ""
+        parts.append(f"{role} layers {layers}{mem}")
+    return " · ".join(parts)
+
+
+def run_settings(cfg, spec) -> dict:
+    """What a --json reader needs to repeat the run beyond the Stats' own settings."""
+    return {"top_k": cfg.top_k, "top_p": cfg.top_p, "seed": cfg.seed, "max_tokens": cfg.max_tokens,
+            "draft_p_min": cfg.draft_p_min,
+            "draft_path": str(spec.draft) if spec.draft is not None else None,
+            "target_path": str(spec.target) if spec.target is not None else None}

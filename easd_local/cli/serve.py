@@ -17,7 +17,7 @@ from ..resolve import resolve_config, resolve_pair
 from ..runtime import gpu_offload_supported
 from . import options as o
 from .common import err_console, friendly
-from .pull_ui import confirm_download, pull_progress
+from .pull_ui import DownloadUI
 
 
 def is_loopback(host: str) -> bool:
@@ -71,7 +71,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                                                                  "(slots; KV cache: N x --ctx).")] = 4,
         queue: Annotated[int, typer.Option("--queue", help="Requests that may wait for a slot; past it: 503.")] = 64,
         api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="EASD_LOCAL_API_KEY",
-                           help="Require 'Authorization: Bearer KEY' (all endpoints but /health).")] = None,
+                           help="Require 'Authorization: Bearer KEY' (all endpoints but /health). \\[default: none: no key]")] = None,
         max_body: Annotated[int, typer.Option("--max-body", help="Largest request body in bytes (413 past it).")] = 4 * 1024 * 1024,
         log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level (info shows each request).")] = "info",
         ctx: o.CtxOpt = 4096,
@@ -113,8 +113,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         log_level = log_level.lower()
         if log_level not in ("critical", "error", "warning", "info", "debug"):
             raise ConfigError(f"--log-level must be critical, error, warning, info or debug, got {log_level!r}")
-        spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=confirm_download(yes),
-                            progress=pull_progress())
+        with DownloadUI(yes) as dl:
+            spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
         why = ""
         if mode is None:
             flags["mode"], why = auto_mode(gpu_offload_supported(), n_gpu_layers, spec.draft is not None)
