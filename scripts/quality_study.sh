@@ -21,7 +21,10 @@ OUT=${1:-results/study}
 mkdir -p "$OUT"
 THREADS=${STUDY_THREADS:-2}
 EXTRA=()
-if [ -n "${STUDY_PARALLEL:-}" ]; then EXTRA+=(--parallel "$STUDY_PARALLEL"); fi
+# --parallel 1 by default: one stream per method keeps tokens/s comparable between methods and
+# greedy easd-tf bit-identical to target up to its first fire (batch companions in the shared
+# KV cache move the logits a little); the rows so far were made this way
+EXTRA+=(--parallel "${STUDY_PARALLEL:-1}")
 B=(easd-local bench --pair default --threads "$THREADS" --max-tokens 1024 --resume --yes "${EXTRA[@]}")
 
 "${B[@]}" --dataset gsm8k --modes target,easd-tf --out "$OUT/gsm8k-greedy.jsonl"
