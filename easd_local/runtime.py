@@ -260,7 +260,25 @@ _GGML_SIGS = {  # name: (restype, argtypes); in libggml (registry) or libggml-ba
     "ggml_backend_dev_backend_reg": (ctypes.c_void_p, [ctypes.c_void_p]),
     "ggml_set_abort_callback": (ctypes.c_void_p, [_ABORT_CB]),
     "ggml_commit": (ctypes.c_char_p, []),
+    "ggml_version": (ctypes.c_char_p, []),
 }
+
+
+def ggml_lib_paths() -> dict[str, Path]:
+    """llama-cpp-python's shared ggml libraries: {"ggml": registry, "ggml-base": core}."""
+    libdir = Path(_ll.__file__).parent / "lib"
+    out = {}
+    for stem in ("ggml", "ggml-base"):
+        found = [libdir / n for n in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll") if (libdir / n).exists()]
+        if found:
+            out[stem] = found[0]
+    return out
+
+
+def ggml_build() -> dict[str, str]:
+    """The installed ggml's version and commit: what an RPC backend built for it must match."""
+    fn = _devices().fn
+    return {k: (fn[k]() or b"").decode() for k in ("ggml_version", "ggml_commit")}
 
 
 class _Devices:
@@ -268,11 +286,8 @@ class _Devices:
 
     def __init__(self) -> None:
         libdir = Path(_ll.__file__).parent / "lib"
-        libs = []
-        for stem in ("ggml", "ggml-base"):  # already loaded by libllama: same handles
-            found = [libdir / n for n in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll") if (libdir / n).exists()]
-            if found:
-                libs.append(ctypes.CDLL(str(found[0])))
+        # already loaded by libllama: CDLL returns the same handles
+        libs = [ctypes.CDLL(str(p)) for p in ggml_lib_paths().values()]
         self.fn = {}
         for name, (res, args) in _GGML_SIGS.items():
             f = next((getattr(lib, name) for lib in libs if hasattr(lib, name)), None)
@@ -308,7 +323,7 @@ class _Devices:
             if not lib.is_file():
                 raise RpcError(_rpc.how_to_get())
             built_for = _rpc.read_build_info(folder).get("ggml_commit")
-            have = (fn["ggml_commit"]() or b"").decode()
+            have = ggml_build()["ggml_commit"]
             if built_for != have:
                 raise RpcError(
                     f"the RPC backend in {folder} was built for ggml {built_for or 'unknown'}, this "

@@ -131,6 +131,9 @@ def main() -> int:
                     g["target_calls"] += s.target_calls
                     g["bytes"] += (b1 - b0) if b0 is not None and b1 is not None else 0
                     toks[where] = fin.tokens
+                    print(f"question {i + 1}/{len(problems)} {m:8} {where:5}: {s.tokens} tokens, "
+                          f"{s.tokens / max(s.seconds_total - s.seconds_prompt, 1e-9):.2f} tok/s, "
+                          f"{s.target_calls} target calls, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
                 same[m] += toks["local"] == toks["rpc"]
         rows = {}
         for m in modes:

@@ -48,23 +48,12 @@ def log(msg: str) -> None:
 
 def installed_libs() -> tuple[Path, Path, dict]:
     """(libggml-base, libggml, {ggml_version, ggml_commit}) of the installed llama-cpp-python."""
-    import ctypes
+    from easd_local.runtime import ggml_build, ggml_lib_paths
 
-    import llama_cpp
-
-    libdir = Path(llama_cpp.__file__).parent / "lib"
-    ext = ".dylib" if platform.system() == "Darwin" else ".so"
-    base, ggml = libdir / f"libggml-base{ext}", libdir / f"libggml{ext}"
-    for p in (base, ggml):
-        if not p.is_file():
-            raise SystemExit(f"error: {p} not found: this llama-cpp-python does not ship shared ggml libraries")
-    lib = ctypes.CDLL(str(base))
-    facts = {}
-    for name in ("ggml_version", "ggml_commit"):
-        f = getattr(lib, name)
-        f.restype = ctypes.c_char_p
-        facts[name] = (f() or b"").decode()
-    return base, ggml, facts
+    paths = ggml_lib_paths()
+    if set(paths) != {"ggml", "ggml-base"}:
+        raise SystemExit("error: this llama-cpp-python does not ship shared ggml libraries (libggml, libggml-base)")
+    return paths["ggml-base"], paths["ggml"], ggml_build()
 
 
 def vendored_ggml_version(src: Path) -> str:

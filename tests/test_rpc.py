@@ -44,10 +44,11 @@ def cli(args, home: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
+def start_server(log: Path | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - the child holds it
     proc = subprocess.Popen([str(SERVER), "--host", "127.0.0.1", "--port", str(port), "--threads", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=out, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -250,26 +251,32 @@ def test_status_line_names_the_server(server, tmp_path, tiny_draft, tiny_target)
 @needs_rpc
 @pytest.mark.parametrize("json_out", [True, False])
 def test_server_killed_mid_generation_is_one_clear_error(tmp_path, tiny_target, json_out):
-    proc, endpoint = start_server()
+    log = tmp_path / "rpc-server.log"
+    proc, endpoint = start_server(log)
+    gen = None
     try:
         env = dict(os.environ, EASD_LOCAL_HOME=str(tmp_path), EASD_LOCAL_RPC_DIR=str(RPC_DIR))
+        # a long run: the context (64k positions) fills only after many seconds even on a fast machine
         gen = subprocess.Popen(
             [*CLI, "generate", "Once upon a time", "--target", str(tiny_target), "--mode", "target", "--raw",
-             "--max-tokens", "100000", "--ctx", "16384", "--threads", "1", "--rpc", endpoint,
+             "--max-tokens", "100000", "--ctx", "65536", "--threads", "1", "--rpc", endpoint,
              *(["--json"] if json_out else [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        # wait until the model is loaded and decoding through the server
-        deadline = time.monotonic() + 120
         if json_out:
-            time.sleep(3)
+            # nothing streams: wait for llama.cpp's own connection (after the probe's), then decode a while
+            deadline = time.monotonic() + 120
+            while log.read_text().count("Accepted client connection") < 2 and time.monotonic() < deadline:
+                assert gen.poll() is None, gen.communicate()[1]
+                time.sleep(0.1)
+            time.sleep(2)
         else:
             assert gen.stdout.read(20), "no text streamed"
-        assert gen.poll() is None and time.monotonic() < deadline
+        assert gen.poll() is None, "the run ended before the server was killed"
         proc.send_signal(signal.SIGKILL)
         out, err = gen.communicate(timeout=60)
     finally:
         stop(proc)
-        if gen.poll() is None:
+        if gen is not None and gen.poll() is None:
             gen.kill()
     text = err.decode()
     assert gen.returncode == 2, text
