@@ -23,7 +23,8 @@ from typing import Iterator, Union
 
 from . import paths
 from .fsutil import write_text_atomic
-from .config import MODES, DecodeConfig, apply_settings, not_lossless
+from .config import DecodeConfig, apply_settings, not_lossless
+from .modes import MODES, mode_info
 from .decoding import Finished, Stats, TokenEvent, acceptance_text, generate
 from .errors import ConfigError, ContextOverflowError, EasdError
 from .runtime import Model
@@ -127,10 +128,10 @@ class SessionTotals:
         self.tokens += s.tokens
         self.drafted += s.drafted
         self.draft_accepted += s.draft_accepted
-        if s.mode in ("sd", "easd"):
+        if mode_info(s.mode).speculative:
             self.target_calls += s.target_calls
             self.sd_tokens += s.tokens
-        if s.mode == "easd-tf":
+        if mode_info(s.mode).target_first:
             self.tf_tokens += s.tokens
             self.draft_consults += s.draft_consults
         self.easd_fires += s.easd_fires
@@ -282,11 +283,10 @@ class ChatSession:
         return self._template_model.chat_tokens(self.context_messages() if messages is None else messages)
 
     def _check_mode(self, mode: str) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if mode != "target" and self.draft is None:
+        info = mode_info(mode)
+        if info.needs_draft and self.draft is None:
             raise ConfigError(f"mode {mode} needs a draft model, and this chat was started without one")
-        if mode != "draft" and self.target is None:
+        if info.needs_target and self.target is None:
             raise ConfigError(f"mode {mode} needs a target model, and this chat was started without one")
 
     # ------------------------------------------------------------------ context

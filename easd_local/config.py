@@ -11,18 +11,19 @@ import math
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .modes import MODE_TABLE, MODES, Mode, mode_info  # noqa: F401  (MODES: re-exported for callers of config)
 
-MODES = ("target", "draft", "sd", "easd", "easd-tf")
 # Modes whose output is the target's own (greedy: the target's tokens; sampling: its law).
-LOSSLESS_MODES = ("target", "sd")
+LOSSLESS_MODES = tuple(m for m in MODES if MODE_TABLE[m].lossless)
 LOSSLESS_HELP = "sd and target give the target's own output; easd and easd-tf are not lossless."
 
 
 def not_lossless(mode: str) -> str | None:
     """Why ``mode``'s output is not the target's, or None when it is."""
-    if mode in ("easd", "easd-tf"):
+    info = MODE_TABLE.get(mode)
+    if info is not None and info.gated:
         return f"{mode} is not lossless: the EASD gate replaces some of the target's tokens"
-    if mode == "draft":
+    if info is not None and not info.needs_target:
         return "draft mode is the draft model alone, not the target"
     return None
 
@@ -58,15 +59,19 @@ class DecodeConfig:
         return self.temperature == 0.0
 
     @property
+    def mode_info(self) -> Mode:
+        return mode_info(self.mode)
+
+    @property
     def gate_enabled(self) -> bool:
-        return self.mode in ("easd", "easd-tf") and math.isfinite(self.tau_draft) and math.isfinite(
+        m = MODE_TABLE.get(self.mode)
+        return m is not None and m.gated and math.isfinite(self.tau_draft) and math.isfinite(
             self.tau_target
         ) and self.overlap <= 1.0
 
     def validate(self, n_vocab: int | None = None) -> "DecodeConfig":
         """Raise ConfigError with one clear line for the first bad value; return self."""
-        if self.mode not in MODES:
-            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        mode_info(self.mode)
         if self.max_tokens < 1:
             raise ConfigError(f"max-tokens must be >= 1, got {self.max_tokens}")
         if not (self.temperature >= 0.0) or math.isinf(self.temperature):

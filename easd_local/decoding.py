@@ -31,15 +31,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence, Union
 
 from .config import DecodeConfig
+from .rules import BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET
 from .runtime import Model
 
-# origin of an emitted token
-DRAFT = "draft"  # proposed by the draft and kept (SD-accepted, gate closed); also draft-only mode
-TARGET = "target"  # chosen by the target: SD rejection resample, target-only mode, ungated easd-tf step
-EASD = "easd"  # the gate fired on an SD-accepted draft token and the target picked again
-BONUS = "bonus"  # all drafted tokens kept: the target's next token comes for free
-ORIGINS = (DRAFT, TARGET, EASD, BONUS)
-TRACE_NAMES = {DRAFT: "draft-accepted", TARGET: "target-resampled", EASD: "easd-resampled", BONUS: "bonus"}
+__all__ = ["BONUS", "DRAFT", "DRAFT_ONLY", "EASD", "ORIGINS", "RESAMPLED", "TARGET", "TRACE_NAMES", "TokenEvent",
+           "Stats", "Finished", "Event", "json_number", "fits_context", "generate", "run"]
+
+# the origin of an emitted token (BONUS, DRAFT, ...) is defined with the rules that
+# produce it; the names `generate --trace` writes
+TRACE_NAMES = {DRAFT: "draft-accepted", TARGET: "target", RESAMPLED: "target-resampled", EASD: "easd-resampled",
+               BONUS: "bonus", DRAFT_ONLY: "draft"}
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,15 @@ class Stats:
     thresholds_source: str = "default"
     stop_reason: str = ""
 
+    def count(self, origin: str) -> None:
+        """Count one emitted token of ``origin``."""
+        self.tokens += 1
+        field_name = _ORIGIN_COUNTS.get(origin)
+        if field_name is None and origin not in ORIGINS:
+            raise ValueError(f"unknown origin {origin!r}")
+        if field_name is not None:
+            setattr(self, field_name, getattr(self, field_name) + 1)
+
     def to_dict(self) -> dict:
         """Strict-JSON form: see ``json_number``."""
         return {k: json_number(v) for k, v in asdict(self).items()}
@@ -101,6 +111,12 @@ def acceptance_text(drafted: int, draft_accepted: int, tok_per_verify: float) ->
     per verify (the bonus token included), as the bench report's tok/verify column."""
     rate = 100 * draft_accepted / drafted if drafted else 0.0
     return f"n_drafted {drafted} · n_accept {draft_accepted} ({rate:.0f}%) · {tok_per_verify:.2f} tok/verify"
+
+
+# the Stats counter each origin adds to (draft-only tokens are counted only as tokens:
+# nothing proposed or verified them)
+_ORIGIN_COUNTS = {DRAFT: "draft_accepted", TARGET: "target_tokens", RESAMPLED: "sd_rejections", EASD: "easd_fires",
+                  BONUS: "bonus"}
 
 
 def json_number(value):

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 from .config import DecodeConfig
 from .errors import ConfigError
+from .modes import mode_info
 from .profiles import Profile, apply_thresholds, find_profile
 
 
@@ -91,7 +92,8 @@ def resolve_pair(
     if draft is not None or target is not None:
         if pair is not None:
             raise ConfigError("give either --pair or --draft/--target, not both")
-        one_model = (mode == "target" and target is not None) or (mode == "draft" and draft is not None)
+        info = mode_info(mode)
+        one_model = (not info.needs_draft and target is not None) or (not info.needs_target and draft is not None)
         if (draft is None or target is None) and not one_model:
             missing = "--draft" if draft is None else "--target"
             raise ConfigError(f"{missing} is missing: give both --draft and --target (or --pair NAME)")

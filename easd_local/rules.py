@@ -40,9 +40,23 @@ __all__ = [
     "needs_draft",
     "target_first_step",
     "ORIGINS",
+    "DRAFT",
+    "TARGET",
+    "RESAMPLED",
+    "EASD",
+    "BONUS",
+    "DRAFT_ONLY",
 ]
 
-ORIGINS = ("draft", "target", "easd", "bonus")
+# Where an emitted token came from. Each says what happened, so the statistics are counts
+# of origins (decoding.Stats) and the trace (decoding.TRACE_NAMES) is true.
+DRAFT = "draft"  # proposed by the draft, accepted by the SD test, gate closed
+TARGET = "target"  # chosen by the target: target mode, every easd-tf position the gate did not fire at
+RESAMPLED = "resampled"  # the SD test rejected a draft token and the target resampled it
+EASD = "easd"  # the gate fired on an SD-accepted draft token (easd-tf: at its position) and the target picked again
+BONUS = "bonus"  # all drafted tokens kept: the target's next token comes for free
+DRAFT_ONLY = "draft-only"  # draft mode: the draft chose it, nothing verified it
+ORIGINS = (DRAFT, TARGET, RESAMPLED, EASD, BONUS, DRAFT_ONLY)
 
 # top-p without top-k: the nucleus is first looked for among this many most likely
 # tokens (argpartition + a small sort); only when they hold less than top_p of the
@@ -344,12 +358,12 @@ def sample(probs, rng: np.random.Generator) -> int:
 class BlockResult:
     """Outcome of one SD/EASD verification of a drafted block.
 
-    ``tokens``/``origins`` are emitted in order; origins are "draft" (accepted draft
-    token), "target" (SD rejection: resampled from the residual, greedy: the target's
-    argmax), "easd" (the gate fired on an SD-accepted draft token and the target
-    re-picked) or "bonus" (all drafts accepted: one extra token from the target).
-    Identities: ``count(draft) + count(easd) == n_accepted_sd``,
-    ``count(target) == n_rejected_sd`` (0 or 1), ``count(easd) == int(gate_fired)``,
+    ``tokens``/``origins`` are emitted in order; origins are DRAFT (accepted draft
+    token), RESAMPLED (SD rejection: resampled from the residual, greedy: the target's
+    argmax), EASD (the gate fired on an SD-accepted draft token and the target
+    re-picked) or BONUS (all drafts accepted: one extra token from the target).
+    Identities: ``count(DRAFT) + count(EASD) == n_accepted_sd``,
+    ``count(RESAMPLED) == n_rejected_sd`` (0 or 1), ``count(easd) == int(gate_fired)``,
     a bonus exactly when all g drafts were accepted and the gate did not fire, so
     ``len(tokens) == n_accepted_sd + n_rejected_sd + bonus``.
     ``h_draft``/``h_target``/``overlap`` have one entry per drafted position examined
@@ -370,11 +384,11 @@ class BlockResult:
 
     @property
     def bonus(self) -> bool:
-        return bool(self.origins) and self.origins[-1] == "bonus"
+        return bool(self.origins) and self.origins[-1] == BONUS
 
     @property
     def n_draft_emitted(self) -> int:
-        return self.origins.count("draft")
+        return self.origins.count(DRAFT)
 
 
 def verify_block(
@@ -394,12 +408,12 @@ def verify_block(
     position, row g the position after the last draft). g may be 0 (bonus only).
 
     Greedy (``cfg.temperature == 0``): accept draft i while it equals argmax z_t[i];
-    the first mismatch is replaced by that argmax ("target"). Sampling: accept with
+    the first mismatch is replaced by that argmax (RESAMPLED). Sampling: accept with
     probability min(1, p_i(d)/q_i(d)); on rejection emit a sample of residual(p_i, q_i)
-    ("target"). The block stops at the first rejection; if all g are accepted a bonus
+    (RESAMPLED). The block stops at the first rejection; if all g are accepted a bonus
     token is emitted (argmax / sample of p_g). EASD: an SD-accepted draft token whose
     gate (raw-logit entropies and top-N overlap) fires is replaced by the target's
-    runner-up (greedy) or a sample of penalize(p_i, d_i, cfg.penalty) ("easd") and the
+    runner-up (greedy) or a sample of penalize(p_i, d_i, cfg.penalty) (EASD) and the
     block stops. No gate on the bonus token. The gate is evaluated lazily, position by
     position, only where it can change the outcome (see BlockResult for what is
     reported); the decisions are those of evaluating it everywhere.
@@ -476,20 +490,20 @@ def verify_block(
         di = int(d[i])
         if not accepts(i, di):
             tokens.append(on_reject(i))
-            origins.append("target")
+            origins.append(RESAMPLED)
             n_rej = 1
             break
         n_acc += 1
         if fires(i):
             tokens.append(on_gate(i, di))
-            origins.append("easd")
+            origins.append(EASD)
             fired = True
             break
         tokens.append(di)
-        origins.append("draft")
+        origins.append(DRAFT)
     else:
         tokens.append(on_bonus())
-        origins.append("bonus")
+        origins.append(BONUS)
 
     n_exam = n_acc + n_rej
     return BlockResult(
@@ -543,13 +557,14 @@ def target_first_step(
     ``(token, origin, fired, h_t, h_d, overlap)``.
 
     ``z_draft_row`` is None when ``needs_draft`` said the draft need not be consulted:
-    the token is then emitted from p (greedy argmax or one sample), origin "target",
+    the token is then emitted from p (greedy argmax or one sample), origin TARGET,
     and ``h_d``/``overlap`` are NaN. With draft logits the gate is evaluated on raw
     logits; closed -> emit from p. Open, greedy: if argmax q == argmax p emit the
-    target's runner-up ("easd", fired) else argmax p ("target"). Open, sampling: draw
+    target's runner-up (EASD, fired) else argmax p (TARGET). Open, sampling: draw
     ``d ~ q``; if the SD test would accept d (probability min(1, p(d)/q(d))) emit a
-    sample of ``penalize(p, d, cfg.penalty)`` ("easd", fired), else a sample of
-    ``residual(p, q)`` ("target").
+    sample of ``penalize(p, d, cfg.penalty)`` (EASD, fired), else a sample of
+    ``residual(p, q)`` (TARGET: easd-tf drafts nothing, so no drafted token was
+    rejected; every position it does not fire at is the target's choice).
 
     Random numbers (sampling only): emit-from-p uses one draw; the open gate uses three,
     in order: d ~ q, the acceptance uniform, the emitted token.
@@ -559,22 +574,22 @@ def target_first_step(
     if h_t is None:
         h_t = float(entropy(z_t)) if gate_on else math.nan
     if not gate_on or z_draft_row is None:
-        return _emit_from_p(z_t, cfg, rng), "target", False, h_t, math.nan, math.nan
+        return _emit_from_p(z_t, cfg, rng), TARGET, False, h_t, math.nan, math.nan
     z_d = np.asarray(z_draft_row)
     h_d = float(entropy(z_d))
     ov = float(top_n_overlap(z_d, z_t, cfg.top_n))
     if not gate(h_d, h_t, ov, cfg.tau_draft, cfg.tau_target, cfg.overlap):
-        return _emit_from_p(z_t, cfg, rng), "target", False, h_t, h_d, ov
+        return _emit_from_p(z_t, cfg, rng), TARGET, False, h_t, h_d, ov
     if cfg.greedy:
         a_p = greedy(z_t)
         if greedy(z_d) == a_p:
-            return runner_up(z_t, a_p), "easd", True, h_t, h_d, ov
-        return a_p, "target", False, h_t, h_d, ov
+            return runner_up(z_t, a_p), EASD, True, h_t, h_d, ov
+        return a_p, TARGET, False, h_t, h_d, ov
     T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
     p = sampling_probs(z_t, T, K, P)
     q = sampling_probs(z_d, T, K, P)
     d = sample(q, rng)
     if sd_accept(p[d], q[d], rng.random()):
         pen = penalize(p, d, cfg.penalty, fallback=lambda: sampling_probs(z_t, T))
-        return sample(pen, rng), "easd", True, h_t, h_d, ov
-    return sample(residual(p, q), rng), "target", False, h_t, h_d, ov
+        return sample(pen, rng), EASD, True, h_t, h_d, ov
+    return sample(residual(p, q), rng), TARGET, False, h_t, h_d, ov

@@ -52,7 +52,7 @@ import numpy as np
 
 from . import rules
 from .config import DecodeConfig
-from .decoding import BONUS, DRAFT, EASD, TARGET, Finished, Stats, TokenEvent, fits_context
+from .decoding import DRAFT_ONLY, TARGET, Finished, Stats, TokenEvent, fits_context
 from .errors import ConfigError, ContextOverflowError, EasdError, RuntimeFailure
 from .pair import Pair
 from .runtime import Detokenizer, Model, Part
@@ -131,20 +131,7 @@ class _Seq:
         if self.first:
             s.ttft_s = time.perf_counter() - self.t_start
             self.first = False
-        s.tokens += 1
-        if origin == DRAFT:
-            # draft-only mode proposes nothing: its tokens are not "accepted" drafts
-            if self.mode != "draft":
-                s.draft_accepted += 1
-        elif origin == EASD:
-            s.easd_fires += 1
-        elif origin == BONUS:
-            s.bonus += 1
-        elif origin == TARGET:
-            if self.mode in ("sd", "easd"):
-                s.sd_rejections += 1
-            else:
-                s.target_tokens += 1
+        s.count(origin)
         self.seq.append(tok)
         self.out_tokens.append(tok)
         text = "" if tok in self.eog else self.detok.add(tok)
@@ -178,7 +165,7 @@ class _Seq:
         gen_time = total - s.seconds_prompt
         s.tokens_per_s = s.tokens / gen_time if gen_time > 0 else 0.0
         s.acceptance_rate = s.draft_accepted / s.drafted if s.drafted else 0.0
-        s.mean_accepted_len = s.tokens / s.target_calls if (s.target_calls and self.mode in ("sd", "easd")) else 0.0
+        s.mean_accepted_len = s.tokens / s.target_calls if (s.target_calls and self.cfg.mode_info.speculative) else 0.0
         s.easd_fires_per_100 = 100.0 * s.easd_fires / s.tokens if s.tokens else 0.0
         s.stop_reason = self.stop_reason
         return Finished(stats=s, text="".join(self.pieces), tokens=self.out_tokens, tail=tail)
@@ -246,7 +233,7 @@ class _DraftStep(_Stepper):
     def on_draft(self, s, z):
         s.stats.draft_calls += 1
         tok = s.sample_from(z[0])
-        ev = s.emit(tok, DRAFT)
+        ev = s.emit(tok, DRAFT_ONLY)
         s.after_single(tok)
         return [ev]
 
@@ -408,17 +395,16 @@ class Scheduler:
         ContextOverflowError for a request that cannot run; RuntimeError when no slot is free."""
         cfg = req.cfg
         cfg.validate()
-        mode = cfg.mode
+        mode, info = cfg.mode, cfg.mode_info
         target, draft = self.target, self.draft
-        needs_draft = mode in ("draft", "sd", "easd", "easd-tf")
-        if needs_draft and draft is None:
+        if info.needs_draft and draft is None:
             raise ConfigError(f"mode {mode} needs a draft model (give --draft or a --pair)")
-        if mode != "draft" and target is None:
+        if info.needs_target and target is None:
             raise ConfigError(f"mode {mode} needs a target model (give --target or a --pair)")
         if len(req.prompt) == 0:
             raise ConfigError("empty prompt")
-        main = draft if mode == "draft" else target
-        n_ctx = min(main.n_ctx, draft.n_ctx) if needs_draft and mode != "draft" else main.n_ctx
+        main = target if info.needs_target else draft  # whose tokens the sequence emits
+        n_ctx = min(m.n_ctx for m, used in ((target, info.needs_target), (draft, info.needs_draft)) if used)
         if not fits_context(len(req.prompt), n_ctx):
             raise ContextOverflowError(
                 f"prompt is {len(req.prompt)} tokens but the context holds {n_ctx}; shorten it or raise --ctx"
@@ -538,7 +524,7 @@ class Scheduler:
         new, self._new = self._new, []
         for s in new:
             prompt = s.req.prompt
-            mode = s.mode
+            info = s.cfg.mode_info
             if not s.req.reuse_cache:
                 for m in (self.target, self.draft):
                     if m is not None:
@@ -546,8 +532,8 @@ class Scheduler:
             # easd-tf too: its first consult would otherwise evaluate the whole prompt on
             # the draft inside generation; as in sd/easd that is prompt work (counted in
             # seconds_prompt and time to first token, not in tokens_per_s)
-            uses_draft = mode in ("draft", "sd", "easd") or (mode == "easd-tf" and s.gate_on)
-            for m, used in ((self.target, mode != "draft"), (self.draft, uses_draft)):
+            uses_draft = info.needs_draft and (not info.target_first or s.gate_on)
+            for m, used in ((self.target, info.needs_target), (self.draft, uses_draft)):
                 if not used or self._slots[s.slot] is not s:
                     continue
                 keep = m.common_prefix(prompt[:-1], seq=s.slot)
@@ -557,7 +543,7 @@ class Scheduler:
                         self._decode(m, [Part(s.slot, list(prompt[keep:-1]), ())])
                     except EasdError as e:
                         self._fail(s, e, out)
-            if mode == "easd-tf" and not s.gate_on:
+            if info.target_first and not s.gate_on:
                 # the draft is never consulted: it only has to hold a prefix of the sequence
                 self.draft.rollback(self.draft.common_prefix(prompt[:-1], seq=s.slot), s.slot)
             s.stats.seconds_prompt = time.perf_counter() - s.t_start

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from easd_local import decoding  # noqa: E402
 from easd_local.bench.datasets import load_dataset  # noqa: E402
+from easd_local.modes import MODE_TABLE  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.config import DecodeConfig  # noqa: E402
 from easd_local.pair import load_pair  # noqa: E402
@@ -107,9 +108,9 @@ def main() -> int:
             controller_share=round(g["ctrl_s"] / g["total_s"], 4) if g["total_s"] else 0.0,
             acceptance=round(g["draft_accepted"] / g["drafted"], 3) if g["drafted"] else None,
             easd_fires_per_100=round(100 * g["fires"] / g["tokens"], 2) if g["tokens"] else 0.0,
-            draft_consult_rate=round(g["consults"] / g["tokens"], 3) if m == "easd-tf" and g["tokens"] else None,
+            draft_consult_rate=round(g["consults"] / g["tokens"], 3) if MODE_TABLE[m].target_first and g["tokens"] else None,
             catchup_tokens_per_consult=round(g["catchup_tokens"] / g["consults"], 2) if g["consults"] else None,
-            tokens_per_verify=round(g["tokens"] / g["target_calls"], 2) if g["target_calls"] and m in ("sd", "easd") else None,
+            tokens_per_verify=round(g["tokens"] / g["target_calls"], 2) if g["target_calls"] and MODE_TABLE[m].speculative else None,
         )
     ratios = {}
     if "target" in rows and rows["target"]["tokens_per_s"]:

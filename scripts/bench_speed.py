@@ -297,15 +297,16 @@ def run_ours(models, prompt_tokens: list[int], mode: str, args, cfg_base) -> Run
     from easd_local.decoding import run as decode_run
 
     cfg = cfg_base.replace(mode=mode)
-    fin, _events = decode_run(models.target, models.draft if mode != "target" else None, prompt_tokens, cfg,
+    drafts = cfg.mode_info.needs_draft
+    fin, _events = decode_run(models.target, models.draft if drafts else None, prompt_tokens, cfg,
                               n_vocab=models.n_vocab)
     s = fin.stats
     gen_s = s.seconds_total - s.seconds_prompt
     return Run(system="ours", mode=mode, prompt=-1, rep=-1, tokens=s.tokens, seconds=gen_s,
                tokens_per_s=s.tokens_per_s, prompt_tokens=s.prompt_tokens,
-               drafted=s.drafted if mode != "target" else None,
-               accepted=s.draft_accepted if mode != "target" else None,
-               acceptance_rate=s.acceptance_rate if mode != "target" else None,
+               drafted=s.drafted if drafts else None,
+               accepted=s.draft_accepted if drafts else None,
+               acceptance_rate=s.acceptance_rate if drafts else None,
                controller_s=s.seconds_controller, draft_s=s.seconds_draft, target_s=s.seconds_target,
                extra={"easd_fires": s.easd_fires, "sd_accepted": s.accepted, "target_calls": s.target_calls,
                       "draft_calls": s.draft_calls, "seconds_total": s.seconds_total,

@@ -88,7 +88,7 @@ def test_trace_file(tiny_draft, tiny_target, tmp_path):
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in trace.read_text().splitlines()]
     assert len(rows) == 20
-    assert {row["origin"] for row in rows} <= {"draft-accepted", "target-resampled", "easd-resampled", "bonus"}
+    assert {row["origin"] for row in rows} <= {"draft-accepted", "target", "target-resampled", "easd-resampled", "bonus", "draft"}
     assert all(set(row) >= {"token", "text", "origin", "h_draft", "h_target", "overlap"} for row in rows)
     obj = json.loads(r.stdout.strip().splitlines()[-1])
     assert obj["thresholds_source"] == "flags"

@@ -17,7 +17,7 @@ import pytest
 
 from easd_local import decoding
 from easd_local.config import DecodeConfig
-from easd_local.decoding import BONUS, DRAFT, EASD, TARGET, Finished
+from easd_local.decoding import BONUS, DRAFT, DRAFT_ONLY, EASD, RESAMPLED, TARGET, TRACE_NAMES, Finished
 from easd_local.errors import ConfigError, ContextOverflowError
 from easd_local.pair import load_pair
 from easd_local.runtime import LoadOptions
@@ -66,15 +66,28 @@ def assert_equal_up_to_ties(pair, prompt, ref, got):
     return False
 
 
+# written out here rather than read from the package: what each mode may emit
+MODE_ORIGINS = {
+    "target": {TARGET},
+    "draft": {DRAFT_ONLY},
+    "sd": {DRAFT, RESAMPLED, BONUS},
+    "easd": {DRAFT, RESAMPLED, EASD, BONUS},
+    "easd-tf": {TARGET, EASD},
+}
+
+
 def check_stats(fin: Finished, events):
     s = fin.stats
     origins = [e.origin for e in events]
     assert len(events) == s.tokens == len(fin.tokens)
-    assert origins.count(DRAFT) == (s.tokens if s.mode == "draft" else s.draft_accepted)
+    # each origin says what happened, so a mode emits only its own kinds
+    assert set(origins) <= MODE_ORIGINS[s.mode], (s.mode, set(origins))
+    assert origins.count(DRAFT) == s.draft_accepted
     assert s.draft_accepted <= s.drafted
     assert origins.count(EASD) == s.easd_fires
     assert origins.count(BONUS) == s.bonus
-    assert origins.count(TARGET) == s.sd_rejections + s.target_tokens
+    assert origins.count(RESAMPLED) == s.sd_rejections
+    assert origins.count(TARGET) == s.target_tokens
     if s.mode in ("sd", "easd"):
         # every generated token is exactly one of the four kinds
         assert s.draft_accepted + s.sd_rejections + s.easd_fires + s.bonus == s.tokens
@@ -265,3 +278,23 @@ def test_mode_needs_models(pair):
         decoding.run(None, pair.draft, prompt, DecodeConfig(mode="easd"))
     fin, _ = decoding.run(pair.target, None, prompt, DecodeConfig(mode="target", max_tokens=3))
     assert fin.stats.tokens == 3
+
+
+def test_origins_say_what_happened(pair):
+    """target mode's tokens are the target's own choices, not resamples; draft mode's are
+    the draft's, not accepted drafts; an SD rejection is a resample; the trace names follow."""
+    prompt = pair.target.tokenize(PROMPTS[0])
+    fin, ev = run(pair, prompt, mode="target", max_tokens=12)
+    assert {e.origin for e in ev} == {TARGET}
+    assert fin.stats.target_tokens == fin.stats.tokens > 0 and fin.stats.sd_rejections == 0
+    fin, ev = run(pair, prompt, mode="draft", max_tokens=12)
+    assert {e.origin for e in ev} == {DRAFT_ONLY}
+    assert (fin.stats.draft_accepted, fin.stats.target_tokens, fin.stats.sd_rejections) == (0, 0, 0)
+    fin, ev = run(pair, prompt, mode="sd", max_tokens=48)
+    check_stats(fin, ev)
+    assert fin.stats.sd_rejections > 0, "the tiny pair disagrees often: expected at least one SD rejection"
+    fin, ev = run(pair, prompt, mode="easd-tf", max_tokens=24, tau_draft=math.inf, tau_target=math.inf)
+    assert {e.origin for e in ev} == {TARGET}
+    names = {TARGET: "target", RESAMPLED: "target-resampled", DRAFT: "draft-accepted", DRAFT_ONLY: "draft",
+             EASD: "easd-resampled", BONUS: "bonus"}
+    assert TRACE_NAMES == names

@@ -271,7 +271,7 @@ def _check_identities(res: R.BlockResult, g: int):
     o = res.origins
     assert len(res.tokens) == len(o)
     assert o.count("draft") + o.count("easd") == res.n_accepted_sd
-    assert o.count("target") == res.n_rejected_sd <= 1
+    assert o.count("resampled") == res.n_rejected_sd <= 1
     assert o.count("easd") == int(res.gate_fired)
     bonus = res.n_accepted_sd == g and not res.gate_fired
     assert o.count("bonus") == int(bonus) == int(res.bonus)
@@ -293,11 +293,11 @@ def test_greedy_sd_accept_mismatch_bonus():
     assert all(math.isnan(h) for h in res.h_draft + res.h_target + res.overlap)
     _check_identities(res, 3)
     res = R.verify_block([2, 0, 5], zd, zt, cfg, np.random.default_rng(0), gate_on=False)
-    assert res.tokens == [2, 1] and res.origins == ["draft", "target"]
+    assert res.tokens == [2, 1] and res.origins == ["draft", "resampled"]
     assert (res.n_accepted_sd, res.n_rejected_sd) == (1, 1)
     _check_identities(res, 3)
     res = R.verify_block([3, 1, 5], zd, zt, cfg, np.random.default_rng(0), gate_on=True)
-    assert res.tokens == [2] and res.origins == ["target"]
+    assert res.tokens == [2] and res.origins == ["resampled"]
     _check_identities(res, 3)
     res = R.verify_block([], np.zeros((0, V), np.float32), zt[:1], cfg, np.random.default_rng(0), True)
     assert res.tokens == [2] and res.origins == ["bonus"]

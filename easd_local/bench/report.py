@@ -45,12 +45,13 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
+from ..modes import MODE_TABLE, MODES
 from ..provenance import UNKNOWN_ENV
 from .schema import row_env, row_env_id, row_model_sha, validate_row
 from .stats import mcnemar_exact, wilson_interval
 
 BASELINES = ("sd", "target")
-_MODE_ORDER = ("target", "draft", "sd", "easd", "easd-tf")
+_MODE_ORDER = MODES
 
 TOKENS_PER_S_NOTE = "tok/s = total generated tokens / total wall seconds (seconds_total) per method"
 
@@ -217,7 +218,7 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
     drafted = total("drafted")
     speculative = drafted > 0
     # easd-tf drafts nothing but gates every position: its fire rate belongs in the table
-    gated = speculative or any(str(r["config"].get("mode", "")).startswith("easd") for r in rows)
+    gated = speculative or any(getattr(MODE_TABLE.get(str(r["config"].get("mode", ""))), "gated", False) for r in rows)
     committed = total("draft_accepted") + total("sd_rejections") + total("easd_fires") + total("bonus")
     return MethodSummary(
         method=method,

@@ -38,7 +38,6 @@ from .schema import read_number, row_env, row_model_sha
 # record no environment, as far as anyone can tell
 BENCH_DEFAULT_OPTIONS = LoadOptions(n_ctx=4096, n_threads=None, n_gpu_layers=-1, flash_attn=False, main_gpu=0)
 
-GATE_MODES = ("easd", "easd-tf")
 
 
 @dataclass(frozen=True)
@@ -183,8 +182,7 @@ def plan_rerun(rows: Sequence[dict], qid: str, method: str, pair: str | None = N
     """Pick the row and find its files; nothing is loaded."""
     index, row = find_row(rows, qid, method, pair)
     cfg = row_config(row)
-    need_draft = cfg.mode != "target"
-    need_target = cfg.mode != "draft"
+    need_draft, need_target = cfg.mode_info.needs_draft, cfg.mode_info.needs_target
     notes: list[str] = []
     env = row_env(row)
     if row_model_sha(row, "target") or row_model_sha(row, "draft"):
@@ -280,11 +278,11 @@ def rerun(plan: RerunPlan) -> RerunResult:
             diff = Difference(k, char, rec_tok, new_tok, piece(rec_tok), piece(new_tok), "length", None, None, None)
             return RerunResult(len(new), len(recorded), retokenized, diff)
         # the model whose choice the token is: the target, except in draft-only mode
-        decider = models.draft if cfg.mode == "draft" else models.target
+        decider = getattr(models, cfg.mode_info.decider)
         z = _logits_after(decider, common, models.n_vocab)
         logits = (float(z[new_tok]), float(z[rec_tok]))
         gate, gate_source, fired = None, "", (None, None)
-        if cfg.mode in GATE_MODES and cfg.gate_enabled:
+        if cfg.gate_enabled:
             z_d = _logits_after(models.draft, common, models.n_vocab)
             taus = dict(tau_target=cfg.tau_target, tau_draft=cfg.tau_draft, tau_overlap=cfg.overlap, top_n=cfg.top_n,
                         topn_gaps=(topn_boundary_gap(z, cfg.top_n), topn_boundary_gap(z_d, cfg.top_n)))

@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from .. import decoding, provenance
-from ..config import MODES, DecodeConfig, field_name, parse_value
+from ..config import DecodeConfig, field_name, parse_value
+from ..modes import MODES, models_needed
 from ..errors import ConfigError, RuntimeFailure
 from ..near_ties import gate_margin
 from ..pair import open_models
@@ -225,8 +226,7 @@ def pair_specs(
     """Catalog pairs (``--pair``, in order) then file pairs (the i-th ``--draft`` with the
     i-th ``--target``); the default catalog pair when none is given. A side may be left
     out only when no method needs it (``--modes target`` needs no draft)."""
-    need_draft = any(m.mode != "target" for m in methods)
-    need_target = any(m.mode != "draft" for m in methods)
+    need_draft, need_target = models_needed(m.mode for m in methods)
     mode = "easd" if (need_draft and need_target) else ("target" if need_target else "draft")
     drafts, targets = list(drafts), list(targets)
     if drafts and targets and len(drafts) != len(targets):
@@ -567,9 +567,7 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
         if not todo:
             continue
         yield PairLoading(pr.label, index, sum(len(runs) for _, runs in todo))
-        modes = {run.cfg.mode for run in pr.runs}
-        need_draft = bool(modes - {"target"})
-        need_target = bool(modes - {"draft"})
+        need_draft, need_target = models_needed({run.cfg.mode for run in pr.runs})
         t0 = time.perf_counter()
         # hashed before loading: a model file changed under a loaded model would be misnamed
         # (each file is hashed once; later runs read the hash cache)

@@ -86,10 +86,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             # one rule for a mode not given, shared with chat
             flags["mode"], _why = auto_mode(gpu_offload_supported(), n_gpu_layers, spec.draft is not None)
         cfg, source = resolve_config(DecodeConfig(), spec, flags)
+        info = cfg.mode_info
         with spinner(f"loading {spec.label}"):
             models = open_models(
-                spec.draft if cfg.mode != "target" else (spec.draft if spec.target is None else None),
-                spec.target if cfg.mode != "draft" else None,
+                # target mode given only a draft file: loaded so that the mode's check names the missing target
+                spec.draft if info.needs_draft or spec.target is None else None,
+                spec.target if info.needs_target else None,
                 topts, dopts,
             )
         with models:

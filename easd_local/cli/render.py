@@ -5,14 +5,16 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from ..decoding import BONUS, DRAFT, EASD, TARGET, TRACE_NAMES, Stats, TokenEvent, acceptance_text
+from ..decoding import BONUS, DRAFT, EASD, RESAMPLED, TRACE_NAMES, Stats, TokenEvent, acceptance_text
+from ..modes import mode_info
 from ..runtime import backends, system_info
 from ..units import human_size
 
-ORIGIN_STYLE = {DRAFT: "green", TARGET: "yellow", EASD: "bold magenta", BONUS: "cyan"}
+# the target's own choices (target mode, easd-tf) and draft mode's tokens stay plain
+ORIGIN_STYLE = {DRAFT: "green", RESAMPLED: "yellow", EASD: "bold magenta", BONUS: "cyan"}
 LEGEND = (
     "[green]draft-accepted[/]  [yellow]target-resampled[/]  "
-    "[bold magenta]EASD-resampled[/]  [cyan]bonus[/]"
+    "[bold magenta]EASD-resampled[/]  [cyan]bonus[/]  target"
 )
 
 
@@ -32,11 +34,12 @@ def placement_text(models) -> str:
 
 def status_line(s: Stats, where: str = "") -> str:
     parts = [f"{s.mode}", f"{s.tokens} tokens", f"{s.tokens_per_s:.1f} tok/s", f"ttft {s.ttft_s:.2f}s"]
-    if s.mode in ("sd", "easd"):
+    info = mode_info(s.mode)
+    if info.speculative:
         parts.append(acceptance_text(s.drafted, s.draft_accepted, s.mean_accepted_len))
-    if s.mode in ("easd", "easd-tf"):
+    if info.gated:
         parts.append(f"EASD fires {s.easd_fires}")
-        if s.mode == "easd-tf":
+        if info.target_first:
             parts.append(f"draft consulted {s.draft_consults}")
         parts.append(f"τd={s.tau_draft:g} τt={s.tau_target:g} from {s.thresholds_source}")
     if s.stop_reason and s.stop_reason != "eos":

@@ -13,7 +13,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..decoding import BONUS, DRAFT, EASD, TARGET, Stats, TokenEvent
+from ..decoding import BONUS, DRAFT, EASD, RESAMPLED, Stats, TokenEvent
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 disable_created_metrics()  # no *_created series: start times say nothing here
@@ -41,14 +41,10 @@ class Metrics:
 
     def token(self, mode: str, ev: TokenEvent) -> None:
         self.generated.labels(mode).inc()
-        if ev.origin == DRAFT and mode != "draft":
-            self.draft_accepted.labels(mode).inc()
-        elif ev.origin == EASD:
-            self.gate_fires.labels(mode).inc()
-        elif ev.origin == BONUS:
-            self.bonus.labels(mode).inc()
-        elif ev.origin == TARGET and mode in ("sd", "easd"):
-            self.sd_rejections.labels(mode).inc()
+        counter = {DRAFT: self.draft_accepted, EASD: self.gate_fires, BONUS: self.bonus,
+                   RESAMPLED: self.sd_rejections}.get(ev.origin)
+        if counter is not None:
+            counter.labels(mode).inc()
 
     def finished(self, stats: Stats) -> None:
         self.drafted.labels(stats.mode).inc(stats.drafted)

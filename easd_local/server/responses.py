@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..config import DecodeConfig
-from ..decoding import BONUS, DRAFT, EASD, TARGET, Stats, TokenEvent, json_number
+from ..decoding import BONUS, DRAFT, EASD, ORIGINS, RESAMPLED, TARGET, Stats, TokenEvent, json_number
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
@@ -77,7 +77,7 @@ class Tally:
     t_first: float | None = None
     t_last: float | None = None
     tokens: int = 0
-    origins: dict = field(default_factory=lambda: {DRAFT: 0, TARGET: 0, EASD: 0, BONUS: 0})
+    origins: dict = field(default_factory=lambda: dict.fromkeys(ORIGINS, 0))
 
     def add(self, ev: TokenEvent) -> None:
         now = time.perf_counter()
@@ -93,15 +93,14 @@ def timings_from_tally(t: Tally, cfg: DecodeConfig, source: str, queue_s: float,
     drop it, so decoding's own figures never came: draft counts are unknown (null) and the
     times are as measured on arrival."""
     gen_s = (t.t_last - t.t_first) if (t.t_first is not None and t.t_last is not None) else None
-    sd = cfg.mode in ("sd", "easd")
     return {
         "prompt_n": t.prompt_n, "prompt_ms": None, "prompt_per_second": None,
         "predicted_n": t.tokens, "predicted_ms": _ms(gen_s),
         "predicted_per_second": (t.tokens - 1) / gen_s if gen_s else None,
         "queue_ms": _ms(queue_s), "ttft_ms": _ms(None if t.t_first is None else t.t_first - t.t_admitted),
-        "draft_n": None, "draft_n_accepted": t.origins[DRAFT] if cfg.mode != "draft" else 0, "sd_accepted": None,
-        "sd_rejections": t.origins[TARGET] if sd else 0, "gate_fires": t.origins[EASD], "bonus": t.origins[BONUS],
-        "target_tokens": 0 if sd else t.origins[TARGET], "draft_consults": None,
+        "draft_n": None, "draft_n_accepted": t.origins[DRAFT], "sd_accepted": None,
+        "sd_rejections": t.origins[RESAMPLED], "gate_fires": t.origins[EASD], "bonus": t.origins[BONUS],
+        "target_tokens": t.origins[TARGET], "draft_consults": None,
         "acceptance_rate": None, "mean_accepted_len": None,
         **_settings(cfg, source), "stop_reason": stop_reason,
     }

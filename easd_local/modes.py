@@ -1,0 +1,62 @@
+"""The decoding modes and what each one is: the one table every other module reads.
+
+A place that needs to know whether a mode drafts, needs a draft model or has the EASD
+gate asks ``MODE_TABLE[name]`` (or ``DecodeConfig.mode_info``) instead of comparing mode
+strings, so adding a mode means adding a row here (and its stepper in ``scheduler``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    needs_target: bool
+    needs_draft: bool
+    speculative: bool  # drafts gamma tokens and verifies them on the target in one batch
+    gated: bool  # has the EASD entropy gate (effective only while the gate's thresholds are finite)
+    # the output follows the target's distribution (greedy: the target's tokens); a gated
+    # mode is lossless only with its gate off
+    lossless: bool
+
+    @property
+    def target_first(self) -> bool:
+        """The target picks every token and consults the draft only where the gate may
+        fire (easd-tf): draft consults are this mode's figure."""
+        return self.gated and not self.speculative
+
+    @property
+    def decider(self) -> str:
+        """The model whose choice each token is: "target", or "draft" in draft-only mode."""
+        return "target" if self.needs_target else "draft"
+
+
+MODE_TABLE: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode("target", needs_target=True, needs_draft=False, speculative=False, gated=False, lossless=True),
+        Mode("draft", needs_target=False, needs_draft=True, speculative=False, gated=False, lossless=False),
+        Mode("sd", needs_target=True, needs_draft=True, speculative=True, gated=False, lossless=True),
+        Mode("easd", needs_target=True, needs_draft=True, speculative=True, gated=True, lossless=False),
+        Mode("easd-tf", needs_target=True, needs_draft=True, speculative=False, gated=True, lossless=False),
+    )
+}
+MODES = tuple(MODE_TABLE)
+
+
+def mode_info(name: str) -> Mode:
+    """The row of mode ``name``; ConfigError with the known modes otherwise."""
+    try:
+        return MODE_TABLE[name]
+    except KeyError:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {name!r}") from None
+
+
+def models_needed(modes) -> tuple[bool, bool]:
+    """(needs a draft, needs a target) for running all of ``modes``."""
+    rows = [mode_info(m) for m in modes]
+    return any(r.needs_draft for r in rows), any(r.needs_target for r in rows)
