@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +23,8 @@ from . import paths
 from .fsutil import write_text_atomic
 from .config import DecodeConfig, apply_settings, not_lossless
 from .modes import MODES, mode_info
-from .decoding import Finished, Stats, TokenEvent, acceptance_text, generate
+from .decoding import Finished, Stats, Stopper, TokenEvent, acceptance_text, generate
+from .jsonsafe import jsonable
 from .errors import ConfigError, ContextOverflowError, EasdError
 from .runtime import Model
 
@@ -109,68 +108,41 @@ class CommandResult:
 
 @dataclass
 class SessionTotals:
+    """The session's statistics: the sum of every turn's ``Stats``, interrupted ones
+    included (their drafts, gate fires and times count like any other's)."""
+
     turns: int = 0
     interrupted: int = 0
-    tokens: int = 0
-    drafted: int = 0
-    draft_accepted: int = 0
-    target_calls: int = 0  # verify calls of sd/easd turns
-    sd_tokens: int = 0  # tokens of sd/easd turns (for the mean accepted length)
-    easd_fires: int = 0
-    tf_tokens: int = 0  # tokens of easd-tf turns
-    draft_consults: int = 0  # easd-tf positions where the draft was consulted
-    seconds_gen: float = 0.0  # generation time (excluding prompt evaluation)
-    seconds_prompt: float = 0.0
-    prompt_tokens: int = 0
+    stats: Stats = field(default_factory=Stats)
 
-    def add(self, s: Stats) -> None:
-        self.turns += 1
-        self.tokens += s.tokens
-        self.drafted += s.drafted
-        self.draft_accepted += s.draft_accepted
-        if mode_info(s.mode).speculative:
-            self.target_calls += s.target_calls
-            self.sd_tokens += s.tokens
-        if mode_info(s.mode).target_first:
-            self.tf_tokens += s.tokens
-            self.draft_consults += s.draft_consults
-        self.easd_fires += s.easd_fires
-        self.seconds_gen += max(0.0, s.seconds_total - s.seconds_prompt)
-        self.seconds_prompt += s.seconds_prompt
-        self.prompt_tokens += s.prompt_tokens
+    def add(self, s: Stats, interrupted: bool = False) -> None:
+        if interrupted:
+            self.interrupted += 1
+        else:
+            self.turns += 1
+        self.stats = self.stats + s
 
     def summary(self) -> dict:
+        s = self.stats
         return {
             "turns": self.turns + self.interrupted,  # every reply, finished or cut short
             "interrupted": self.interrupted,
-            "tokens": self.tokens,
-            "tokens_per_s": self.tokens / self.seconds_gen if self.seconds_gen > 0 else 0.0,
-            "acceptance_rate": self.draft_accepted / self.drafted if self.drafted else 0.0,
-            "mean_accepted_len": self.sd_tokens / self.target_calls if self.target_calls else 0.0,
-            "drafted": self.drafted,
-            "draft_accepted": self.draft_accepted,
-            "draft_consult_rate": self.draft_consults / self.tf_tokens if self.tf_tokens else None,
-            "easd_fires": self.easd_fires,
-            "easd_fires_per_100": 100.0 * self.easd_fires / self.tokens if self.tokens else 0.0,
-            "seconds_generating": self.seconds_gen,
-            "seconds_prompt": self.seconds_prompt,
+            "tokens": s.tokens,
+            "tokens_per_s": s.tokens_per_s,
+            "acceptance_rate": s.acceptance_rate,
+            "mean_accepted_len": s.mean_accepted_len,
+            "drafted": s.drafted,
+            "draft_accepted": s.draft_accepted,
+            "draft_consult_rate": s.draft_consult_rate,
+            "easd_fires": s.easd_fires,
+            "easd_fires_per_100": s.easd_fires_per_100,
+            "seconds_generating": s.seconds_generating,
+            "seconds_prompt": s.seconds_prompt,
         }
 
 
-def _jsonable(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if isinstance(v, Path):
-        return str(v)
-    if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    return v
-
-
 def settings_dict(cfg: DecodeConfig) -> dict:
-    return _jsonable(dataclasses.asdict(cfg))
+    return jsonable(dataclasses.asdict(cfg))
 
 
 # --------------------------------------------------------------------------- transcript
@@ -192,7 +164,7 @@ class TranscriptWriter:
     def write(self, event: str, **data) -> None:
         if self._f is None:
             return
-        row = {"event": event, "time": datetime.now().astimezone().isoformat(timespec="seconds"), **_jsonable(data)}
+        row = {"event": event, "time": datetime.now().astimezone().isoformat(timespec="seconds"), **jsonable(data)}
         self._f.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._f.flush()
         try:
@@ -345,10 +317,11 @@ class ChatSession:
             )
         # a different seed each turn: sampling is reproducible per session, not repeated per turn
         cfg = self.cfg.replace(seed=self.cfg.seed + self.totals.turns + self.totals.interrupted)
-        self._pending = {"pieces": [], "n": 0, "mode": cfg.mode, "t0": time.perf_counter()}
+        stopper = Stopper()
+        self._pending = {"pieces": [], "n": 0, "mode": cfg.mode, "stopper": stopper}
         try:
             for ev in generate(self.target, self.draft, prompt, cfg, n_vocab=self.n_vocab,
-                               thresholds_source=self.thresholds_source):
+                               thresholds_source=self.thresholds_source, stopper=stopper):
                 if isinstance(ev, Finished):
                     yield self._finish(ev)
                     return
@@ -388,9 +361,10 @@ class ChatSession:
         self._pending = None
         text = "".join(p["pieces"])
         self.messages.append(Message("assistant", text, interrupted=True))
-        self.totals.interrupted += 1
-        self.totals.tokens += p["n"]
-        self.totals.seconds_gen += time.perf_counter() - p["t0"]  # includes its prompt: close enough
+        fin = p["stopper"].stop()
+        # the tokens and times of the work done (a step may have emitted more tokens than
+        # were shown); a turn stopped before it started counts only as interrupted
+        self.totals.add(fin.stats if fin is not None else Stats(), interrupted=True)
         self._log("assistant", content=text, interrupted=True, tokens=p["n"], mode=p["mode"])
         return Reply(text, None, True, "", p["n"])
 
@@ -533,7 +507,7 @@ class ChatSession:
             "settings": settings_dict(self.cfg),
             "system": self.system,
             "messages": [m.to_dict() for m in self.messages],
-            "stats": _jsonable(self.totals.summary()),
+            "stats": jsonable(self.totals.summary()),
         }
 
     def to_markdown(self) -> str:

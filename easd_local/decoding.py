@@ -27,15 +27,17 @@ the tiny logit differences between batched and single-token evaluation in llama.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Iterator, Sequence, Union
 
 from .config import DecodeConfig
+from .jsonsafe import json_number
+from .modes import MODE_TABLE
 from .rules import BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET
 from .runtime import Model
 
 __all__ = ["BONUS", "DRAFT", "DRAFT_ONLY", "EASD", "ORIGINS", "RESAMPLED", "TARGET", "TRACE_NAMES", "TokenEvent",
-           "Stats", "Finished", "Event", "json_number", "fits_context", "generate", "run"]
+           "Stats", "Finished", "Event", "json_number", "fits_context", "generate", "run", "Stopper"]
 
 # the origin of an emitted token (BONUS, DRAFT, ...) is defined with the rules that
 # produce it; the names `generate --trace` writes
@@ -53,8 +55,17 @@ class TokenEvent:
     overlap: float | None = None
 
 
+# Stats fields that are settings of the run, not counts: an addition keeps them when both
+# sides agree and clears them otherwise
+_SETTINGS = ("mode", "tau_draft", "tau_target", "top_n", "overlap", "penalty", "gamma", "temperature",
+             "thresholds_source", "stop_reason")
+
+
 @dataclass
 class Stats:
+    """One generation's counts and times (or the sum of several: ``a + b``); the rates are
+    derived from them, so a sum's rates are the pooled rates."""
+
     mode: str = ""
     prompt_tokens: int = 0
     tokens: int = 0
@@ -64,10 +75,13 @@ class Stats:
     sd_rejections: int = 0
     easd_fires: int = 0
     bonus: int = 0
-    target_tokens: int = 0  # tokens chosen by the target outside SD (target mode, ungated easd-tf)
+    target_tokens: int = 0  # tokens the target chose itself (target mode, easd-tf where the gate did not fire)
     target_calls: int = 0  # target decode calls after the prompt (verify batches / single steps)
+    verify_calls: int = 0  # target calls that verified a drafted block (sd, easd)
+    verified_tokens: int = 0  # tokens those verify calls emitted
     draft_calls: int = 0  # draft decode calls after the prompt (drafting steps and catch-ups)
     draft_consults: int = 0  # easd-tf: positions where the draft's logits were needed
+    target_first_tokens: int = 0  # tokens of easd-tf generations (the consult rate's denominator)
     catchup_calls: int = 0  # batched draft decodes of more than one pending token
     catchup_tokens: int = 0
     seconds_prompt: float = 0.0
@@ -77,21 +91,18 @@ class Stats:
     seconds_prompt_target: float = 0.0  # the prompt's share of seconds_target
     seconds_controller: float = 0.0
     seconds_total: float = 0.0
-    tokens_per_s: float = 0.0  # generated tokens / (total - prompt) seconds
     ttft_s: float = 0.0
-    acceptance_rate: float = 0.0  # draft_accepted / drafted
-    mean_accepted_len: float = 0.0  # emitted tokens per target verify call
-    easd_fires_per_100: float = 0.0
     tau_draft: float = 0.0
     tau_target: float = 0.0
     top_n: int = 0
-    overlap: float = 0.0
+    overlap: float = 0.0  # the gate's threshold (tau_overlap), not a measured overlap
     penalty: float = 0.0
     gamma: int = 0
     temperature: float = 0.0
     thresholds_source: str = "default"
     stop_reason: str = ""
 
+    # ---------------------------------------------------------------- counting
     def count(self, origin: str) -> None:
         """Count one emitted token of ``origin``."""
         self.tokens += 1
@@ -101,10 +112,84 @@ class Stats:
         if field_name is not None:
             setattr(self, field_name, getattr(self, field_name) + 1)
 
-    def to_dict(self) -> dict:
-        """Strict-JSON form: see ``json_number``."""
-        return {k: json_number(v) for k, v in asdict(self).items()}
+    def __add__(self, other: "Stats") -> "Stats":
+        out = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name in _SETTINGS:
+                out[f.name] = a if a == b else f.default
+            else:
+                out[f.name] = a + b
+        return Stats(**out)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "Stats":
+        """From ``to_dict``'s form (a bench row's ``stats``): the derived rates and unknown
+        keys are ignored; "inf" / "-inf" / None come back as floats."""
+        out = {}
+        for f in fields(cls):
+            if f.name in d:
+                v = d[f.name]
+                if f.name in _FLOAT_FIELDS:
+                    v = math.nan if v is None else float(v)
+                out[f.name] = v
+        info = MODE_TABLE.get(str(d.get("mode", "")))
+        if info is not None and "verify_calls" not in d:
+            # one generation's figures: its mode says which calls were verify calls
+            if info.speculative:
+                out["verify_calls"], out["verified_tokens"] = out.get("target_calls", 0), out.get("tokens", 0)
+            if info.target_first:
+                out["target_first_tokens"] = out.get("tokens", 0)
+        return cls(**out)
+
+    # ---------------------------------------------------------------- rates
+    @property
+    def seconds_generating(self) -> float:
+        """Wall time after the prompt: what the tokens took."""
+        return max(0.0, self.seconds_total - self.seconds_prompt)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens per second of generation (prompt excluded)."""
+        gen = self.seconds_generating
+        return self.tokens / gen if gen > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Drafted tokens emitted / drafted."""
+        return self.draft_accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        """Tokens emitted per target verify call (sd, easd)."""
+        return self.verified_tokens / self.verify_calls if self.verify_calls else 0.0
+
+    @property
+    def easd_fires_per_100(self) -> float:
+        return 100.0 * self.easd_fires / self.tokens if self.tokens else 0.0
+
+    @property
+    def draft_consult_rate(self) -> float | None:
+        """easd-tf: the share of its positions where the draft was consulted; None without easd-tf."""
+        return self.draft_consults / self.target_first_tokens if self.target_first_tokens else None
+
+    def to_dict(self) -> dict:
+        """Strict-JSON form (see ``json_number``) with the rates, in the key order bench rows
+        and ``generate --json`` have always had; the bookkeeping behind the rates that a
+        single generation's mode implies (``from_dict`` restores it) is left out."""
+        d = asdict(self)
+        out = {}
+        for k in _DICT_KEYS:
+            out[k] = json_number(d[k] if k in d else getattr(self, k))
+        return out
+
+
+_DERIVED_ONLY = ("verify_calls", "verified_tokens", "target_first_tokens")
+_DICT_KEYS = [f.name for f in fields(Stats) if f.name not in _DERIVED_ONLY]
+_DICT_KEYS[_DICT_KEYS.index("ttft_s"):_DICT_KEYS.index("ttft_s")] = ["tokens_per_s"]
+_DICT_KEYS[_DICT_KEYS.index("ttft_s") + 1:_DICT_KEYS.index("ttft_s") + 1] = [
+    "acceptance_rate", "mean_accepted_len", "easd_fires_per_100"]
+_FLOAT_FIELDS = {f.name for f in fields(Stats) if f.type in ("float", float)}
 
 def acceptance_text(drafted: int, draft_accepted: int, tok_per_verify: float) -> str:
     """SD figures in llama.cpp's words: n_drafted, n_accept (drafts emitted) and tokens
@@ -117,14 +202,6 @@ def acceptance_text(drafted: int, draft_accepted: int, tok_per_verify: float) ->
 # nothing proposed or verified them)
 _ORIGIN_COUNTS = {DRAFT: "draft_accepted", TARGET: "target_tokens", RESAMPLED: "sd_rejections", EASD: "easd_fires",
                   BONUS: "bonus"}
-
-
-def json_number(value):
-    """``value`` for strict JSON (which has no Infinity/NaN): a non-finite float becomes
-    "inf" / "-inf", NaN becomes None; anything else is returned as is."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
 
 
 @dataclass(frozen=True)
@@ -144,6 +221,20 @@ def fits_context(n_prompt: int, n_ctx: int) -> bool:
     return n_prompt + 1 <= n_ctx
 
 
+class Stopper:
+    """Lets the caller of ``generate`` end it early and still get its statistics (a chat
+    turn cut short by Ctrl-C counts its drafts, gate fires and times like any other)."""
+
+    def __init__(self) -> None:
+        self._stop = None
+
+    def stop(self) -> Finished | None:
+        """End the generation now; its Finished so far (``stop_reason`` "interrupted"), or
+        None when it had not started or has already finished."""
+        stop, self._stop = self._stop, None
+        return stop() if stop is not None else None
+
+
 def generate(
     target: Model | None,
     draft: Model | None,
@@ -154,26 +245,34 @@ def generate(
     thresholds_source: str = "default",
     stop_tokens: Sequence[int] = (),
     rng_seed: int | None = None,
+    stopper: Stopper | None = None,
 ) -> Iterator[Event]:
     """Decode from ``prompt`` with ``cfg.mode``; yield TokenEvents then one Finished.
 
     The one-sequence case of :class:`easd_local.scheduler.Scheduler` (slot 0, whose
     caches it reuses by longest common prefix). ``n_vocab`` is the shared vocabulary of
     the pair (logits beyond it are ignored); ``rng_seed`` seeds the sampling generator
-(default ``cfg.seed``). A failure inside the sequence is raised."""
+    (default ``cfg.seed``). A failure inside the sequence is raised. ``stopper``: see
+    :class:`Stopper`."""
     from .pair import Pair
     from .scheduler import Failed, Request, Scheduler
 
     V = n_vocab or min(m.n_vocab for m in (target, draft) if m is not None)
     sched = Scheduler(Pair(draft=draft, target=target, n_vocab=V), 1)
-    sched.submit(Request(prompt, cfg, thresholds_source=thresholds_source, stop_tokens=stop_tokens, rng_seed=rng_seed))
+    rid = sched.submit(Request(prompt, cfg, thresholds_source=thresholds_source, stop_tokens=stop_tokens,
+                               rng_seed=rng_seed))
+    if stopper is not None:
+        stopper._stop = lambda: sched.stop(rid)
     while True:
         for _rid, ev in sched.step():
             if isinstance(ev, Failed):
                 raise ev.error if ev.error is not None else RuntimeError(ev.message)
-            yield ev
             if isinstance(ev, Finished):
+                if stopper is not None:
+                    stopper._stop = None
+                yield ev
                 return
+            yield ev
 
 
 def run(target: Model, draft: Model | None, prompt: Sequence[int], cfg: DecodeConfig, **kw) -> tuple[Finished, list[TokenEvent]]:

@@ -162,11 +162,11 @@ class _Seq:
         s.seconds_draft = self.sec_draft
         s.seconds_target = self.sec_target
         s.seconds_controller = max(0.0, total - self.sec_draft - self.sec_target)
-        gen_time = total - s.seconds_prompt
-        s.tokens_per_s = s.tokens / gen_time if gen_time > 0 else 0.0
-        s.acceptance_rate = s.draft_accepted / s.drafted if s.drafted else 0.0
-        s.mean_accepted_len = s.tokens / s.target_calls if (s.target_calls and self.cfg.mode_info.speculative) else 0.0
-        s.easd_fires_per_100 = 100.0 * s.easd_fires / s.tokens if s.tokens else 0.0
+        info = self.cfg.mode_info
+        if info.speculative:  # every target call after the prompt verified a drafted block
+            s.verify_calls, s.verified_tokens = s.target_calls, s.tokens
+        if info.target_first:
+            s.target_first_tokens = s.tokens
         s.stop_reason = self.stop_reason
         return Finished(stats=s, text="".join(self.pieces), tokens=self.out_tokens, tail=tail)
 
@@ -427,6 +427,19 @@ class Scheduler:
             if s is not None and s.rid == rid:
                 self._release(s, clear=True)
                 return
+
+    def stop(self, rid: int, reason: str = "interrupted") -> Finished | None:
+        """End request ``rid`` now and return what it generated, with its statistics so far
+        (``stop_reason`` = ``reason``); its KV cells stay, for the next request on the slot to
+        reuse. None for unknown or finished ids. Safe after a step was interrupted midway:
+        the counters are only ever added to."""
+        for s in self._slots:
+            if s is not None and s.rid == rid:
+                s.stop_reason = reason
+                fin = s.finished()
+                self._release(s)
+                return fin
+        return None
 
     def _release(self, s: _Seq, clear: bool = False) -> None:
         self._slots[s.slot] = None

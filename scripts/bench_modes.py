@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from easd_local import decoding  # noqa: E402
 from easd_local.bench.datasets import load_dataset  # noqa: E402
-from easd_local.modes import MODE_TABLE  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.config import DecodeConfig  # noqa: E402
+from easd_local.decoding import Stats  # noqa: E402
 from easd_local.pair import load_pair  # noqa: E402
 from easd_local.runtime import LoadOptions  # noqa: E402
 
@@ -67,8 +67,7 @@ def main() -> int:
     pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads))
     load_s = time.perf_counter() - t0
     problems = load_dataset("gsm8k", limit=a.n_prompts)
-    agg = {m: dict(tokens=0, gen_s=0.0, total_s=0.0, prompt_s=0.0, target_gen_s=0.0, draft_gen_s=0.0, ctrl_s=0.0, drafted=0,
-                   draft_accepted=0, fires=0, consults=0, target_calls=0, catchup_tokens=0) for m in modes}
+    agg = {m: Stats() for m in modes}
     for prob in problems:
         prompt = pair.target.chat_tokens(build_messages(prob.question))
         for m in modes:
@@ -76,41 +75,28 @@ def main() -> int:
             pair.target.reset()
             pair.draft.reset()
             fin, _ = decoding.run(pair.target, pair.draft, prompt, base.replace(mode=m), n_vocab=pair.n_vocab)
-            s = fin.stats
-            g = agg[m]
-            g["tokens"] += s.tokens
-            g["gen_s"] += s.seconds_total - s.seconds_prompt
-            g["total_s"] += s.seconds_total
-            g["prompt_s"] += s.seconds_prompt
-            # decode seconds after the prompt (the prompt's decodes are all in seconds_prompt)
-            g["target_gen_s"] += s.seconds_target - s.seconds_prompt_target
-            g["draft_gen_s"] += s.seconds_draft - s.seconds_prompt_draft
-            g["ctrl_s"] += s.seconds_controller
-            g["drafted"] += s.drafted
-            g["draft_accepted"] += s.draft_accepted
-            g["fires"] += s.easd_fires
-            g["consults"] += s.draft_consults
-            g["target_calls"] += s.target_calls
-            g["catchup_tokens"] += s.catchup_tokens
+            agg[m] = agg[m] + fin.stats
     rows = {}
     for m, g in agg.items():
-        tps = g["tokens"] / g["gen_s"] if g["gen_s"] else 0.0
+        # decode seconds after the prompt (the prompt's decodes are all in seconds_prompt)
+        target_gen_s = g.seconds_target - g.seconds_prompt_target
+        draft_gen_s = g.seconds_draft - g.seconds_prompt_draft
         rows[m] = dict(
-            tokens=g["tokens"], tokens_per_s=round(tps, 2),
+            tokens=g.tokens, tokens_per_s=round(g.tokens_per_s, 2),
             # prompt included: what a user waits for end to end
-            tokens_per_s_e2e=round(g["tokens"] / g["total_s"], 2) if g["total_s"] else 0.0,
-            prompt_s=round(g["prompt_s"] / len(problems), 3),
+            tokens_per_s_e2e=round(g.tokens / g.seconds_total, 2) if g.seconds_total else 0.0,
+            prompt_s=round(g.seconds_prompt / len(problems), 3),
             # where a generated token's time goes (prompt excluded): the ratio to target-only
             # decomposes into these
-            ms_per_token={k: round(1000 * v / g["tokens"], 2) if g["tokens"] else 0.0 for k, v in (
-                ("target", g["target_gen_s"]), ("draft", g["draft_gen_s"]),
-                ("other", g["gen_s"] - g["target_gen_s"] - g["draft_gen_s"]))},
-            controller_share=round(g["ctrl_s"] / g["total_s"], 4) if g["total_s"] else 0.0,
-            acceptance=round(g["draft_accepted"] / g["drafted"], 3) if g["drafted"] else None,
-            easd_fires_per_100=round(100 * g["fires"] / g["tokens"], 2) if g["tokens"] else 0.0,
-            draft_consult_rate=round(g["consults"] / g["tokens"], 3) if MODE_TABLE[m].target_first and g["tokens"] else None,
-            catchup_tokens_per_consult=round(g["catchup_tokens"] / g["consults"], 2) if g["consults"] else None,
-            tokens_per_verify=round(g["tokens"] / g["target_calls"], 2) if g["target_calls"] and MODE_TABLE[m].speculative else None,
+            ms_per_token={k: round(1000 * v / g.tokens, 2) if g.tokens else 0.0 for k, v in (
+                ("target", target_gen_s), ("draft", draft_gen_s),
+                ("other", g.seconds_generating - target_gen_s - draft_gen_s))},
+            controller_share=round(g.seconds_controller / g.seconds_total, 4) if g.seconds_total else 0.0,
+            acceptance=round(g.acceptance_rate, 3) if g.drafted else None,
+            easd_fires_per_100=round(g.easd_fires_per_100, 2),
+            draft_consult_rate=round(g.draft_consult_rate, 3) if g.draft_consult_rate is not None else None,
+            catchup_tokens_per_consult=round(g.catchup_tokens / g.draft_consults, 2) if g.draft_consults else None,
+            tokens_per_verify=round(g.mean_accepted_len, 2) if g.verify_calls else None,
         )
     ratios = {}
     if "target" in rows and rows["target"]["tokens_per_s"]:

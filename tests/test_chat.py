@@ -283,6 +283,41 @@ def test_interrupt_inside_generation_keeps_partial(tiny_draft, tiny_target, tmp_
     assert flags == [True, False]
 
 
+def test_interrupted_turn_counts_its_drafts_fires_and_times(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    """A turn cut short by Ctrl-C adds to /stats everything it did, not only its tokens:
+    its drafts and gate fires (else fires per 100 tokens is understated) and its prompt
+    time apart from its generation time (else tokens/s mixes the prompt in)."""
+    real_generate = chat_mod.generate
+    seen: list = []
+
+    def interrupting(*a, **kw):
+        for i, ev in enumerate(real_generate(*a, **kw)):
+            if i == 8:
+                raise KeyboardInterrupt
+            seen.append(ev)
+            yield ev
+
+    monkeypatch.setattr(chat_mod, "generate", interrupting)
+    # the gate wide open: on the tiny pair it fires within the first few tokens
+    pair, s = _session(tiny_draft, tiny_target, tmp_path, max_tokens=40, mode="easd", temperature=0.0,
+                       tau_draft=0.0, tau_target=0.0, overlap=0.0)
+    with pair:
+        _, reply = _drain(s.send("tell me a long story"))
+        assert reply.interrupted and reply.n_tokens == 8
+        st = s.stats()
+        assert st["turns"] == 1 and st["interrupted"] == 1  # turns counts every reply
+        fires_seen = sum(e.origin == "easd" for e in seen)
+        assert fires_seen > 0, "the open gate should have fired in 8 tokens"
+        assert st["drafted"] >= 1 and st["easd_fires"] >= fires_seen
+        # a step may emit more tokens than were shown before the interrupt
+        assert st["tokens"] >= 8
+        assert st["easd_fires_per_100"] == pytest.approx(100.0 * st["easd_fires"] / st["tokens"])
+        total = s.totals.stats
+        assert total.seconds_prompt > 0 and st["seconds_prompt"] == total.seconds_prompt
+        assert st["seconds_generating"] == pytest.approx(total.seconds_total - total.seconds_prompt)
+        s.close()
+
+
 def test_interrupt_while_rendering_keeps_partial(tiny_draft, tiny_target, tmp_path):
     """Ctrl-C that lands in the consumer (the CLI's rendering), not inside generate."""
     pair, s = _session(tiny_draft, tiny_target, tmp_path, max_tokens=20)

@@ -298,3 +298,23 @@ def test_origins_say_what_happened(pair):
     names = {TARGET: "target", RESAMPLED: "target-resampled", DRAFT: "draft-accepted", DRAFT_ONLY: "draft",
              EASD: "easd-resampled", BONUS: "bonus"}
     assert TRACE_NAMES == names
+
+
+def test_stats_add_pools_rates_and_round_trips_its_dict():
+    """A sum's rates are the pooled rates (not a mean of rates); a bench row's stats dict
+    comes back as the same Stats, rates included."""
+    a = decoding.Stats(mode="sd", tokens=30, drafted=40, draft_accepted=20, target_calls=10, easd_fires=0,
+                       seconds_prompt=1.0, seconds_total=4.0, tau_draft=math.inf)
+    a.verify_calls, a.verified_tokens = 10, 30
+    b = decoding.Stats(mode="easd-tf", tokens=10, easd_fires=2, draft_consults=5, target_first_tokens=10,
+                       target_calls=10, seconds_prompt=1.0, seconds_total=2.0)
+    s = a + b
+    assert (s.tokens, s.drafted, s.easd_fires, s.mode) == (40, 40, 2, "")
+    assert s.tokens_per_s == pytest.approx(40 / 4.0)
+    assert s.acceptance_rate == pytest.approx(0.5)
+    assert s.mean_accepted_len == pytest.approx(3.0)  # only the sd generation verified
+    assert s.easd_fires_per_100 == pytest.approx(5.0)
+    assert s.draft_consult_rate == pytest.approx(0.5)
+    back = decoding.Stats.from_dict(a.to_dict())
+    assert back == a and back.to_dict()["tau_draft"] == "inf"
+    assert decoding.Stats.from_dict(b.to_dict()).draft_consult_rate == pytest.approx(0.5)

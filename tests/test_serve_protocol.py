@@ -90,7 +90,7 @@ def test_request_config_source_and_param():
 
 def test_timings_and_finish_reason():
     s = Stats(mode="sd", prompt_tokens=10, tokens=8, drafted=12, accepted=6, draft_accepted=6, sd_rejections=1,
-              bonus=1, seconds_prompt=0.5, seconds_total=2.5, tokens_per_s=4.0, thresholds_source="profile",
+              bonus=1, seconds_prompt=0.5, seconds_total=2.5, thresholds_source="profile",
               stop_reason="eos")
     t = timings_from_stats(s, DecodeConfig(mode="sd"), queue_s=0.25)
     assert t["prompt_ms"] == 500.0 and t["predicted_ms"] == 2000.0 and t["queue_ms"] == 250.0

@@ -6,6 +6,7 @@ import math
 from typing import Iterable
 
 from ..decoding import BONUS, DRAFT, EASD, RESAMPLED, TRACE_NAMES, Stats, TokenEvent, acceptance_text
+from ..jsonsafe import json_number
 from ..modes import mode_info
 from ..runtime import backends, system_info
 from ..units import human_size
@@ -50,11 +51,7 @@ def status_line(s: Stats, where: str = "") -> str:
 
 
 def _num(x):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return None
-    if isinstance(x, float) and math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return round(float(x), 5) if isinstance(x, float) else x
+    return json_number(round(x, 5) if isinstance(x, float) and math.isfinite(x) else x)
 
 
 def trace_rows(events: Iterable[TokenEvent]) -> Iterable[dict]:
