@@ -98,7 +98,7 @@ def _row(dataset, pair, method, qid, correct, **stats):
     full.update(stats)
     return make_row(
         dataset=dataset, qid=qid, index=int(qid.rsplit("-", 1)[1]), method=method, pair=pair,
-        config=dict(CONFIG, mode=method), question="Q?", gold="1",
+        config=dict(CONFIG, mode=method.split("[")[0]), question="Q?", gold="1",
         completion="\\boxed{1}" if correct else "\\boxed{2}",
         extracted="1" if correct else "2", correct=correct, stats=full,
     )
@@ -116,7 +116,7 @@ def _gsm(i):
 TARGET = [True, True, False, True, False]
 SD = [True, False, False, True, False]
 EASD = [True, True, True, False]
-# easd per-question stats: tokens = draft_accepted + sd_rejections + easd_fires + bonus
+# per-question stats: tokens = draft_accepted + sd_rejections + easd_fires + bonus (the SD identity)
 EASD_STATS = [
     dict(tokens=80, drafted=80, draft_accepted=60, sd_rejections=10, easd_fires=2, bonus=8,
          target_calls=20, seconds_draft=1.0, seconds_target=2.0, seconds_controller=0.5,
@@ -131,7 +131,7 @@ EASD_STATS = [
          target_calls=10, seconds_draft=1.0, seconds_target=2.0, seconds_controller=0.25,
          seconds_total=4.0, tokens_per_s=15.0),
 ]
-SD_STATS = dict(tokens=50, drafted=40, draft_accepted=30, sd_rejections=8, bonus=2, target_calls=10,
+SD_STATS = dict(tokens=50, drafted=40, draft_accepted=30, sd_rejections=8, bonus=12, target_calls=10,
                 seconds_draft=0.5, seconds_target=1.5, seconds_controller=0.1, seconds_total=2.5)
 TARGET_STATS = dict(tokens=50, target_calls=50, seconds_target=4.8, seconds_total=5.0,
                     stop_reason="max_tokens")
@@ -154,7 +154,7 @@ def _write_results(path):
     for i in range(12):
         sd_ok = i <= 2 or i == 11
         easd_ok = i <= 10
-        st = dict(tokens=10, drafted=8, draft_accepted=4, sd_rejections=2, bonus=0, target_calls=2,
+        st = dict(tokens=10, drafted=8, draft_accepted=4, sd_rejections=2, bonus=4, target_calls=2,
                   seconds_total=1.0)
         lines.append(_row("aime24", "big", "sd", _aime(i), sd_ok, **st))
         if i == 5:
@@ -256,7 +256,7 @@ def test_summary_rates_and_time_shares(results):
     sd = _method(g, "sd")
     assert sd.tokens_per_s == pytest.approx(250 / 12.5)  # 20
     assert sd.acceptance_rate == pytest.approx(150 / 200)
-    assert sd.mean_accepted_len == pytest.approx((150 + 40 + 0 + 10) / 50)  # 4.0
+    assert sd.mean_accepted_len == pytest.approx((150 + 40 + 0 + 60) / 50)  # 5.0: tokens per verify call
     assert sd.easd_fires_per_100 == 0.0
 
     target = _method(g, "target")
@@ -295,8 +295,8 @@ def test_paired_comparisons(results):
     assert (named.vs_sd.wins, named.vs_sd.losses, named.vs_sd.both_right) == (8, 1, 3)
     assert named.vs_sd.p_value == pytest.approx(20 / 512)  # 0.0390625
     assert named.vs_target is None
-    # Σ(4 + 1 + 1 + 0)·12 / Σ2·12 = 3 tokens per verify; fires 12 per 120 tokens
-    assert named.mean_accepted_len == pytest.approx(3.0)
+    # Σ(4 + 1 + 1 + 4)·12 / Σ2·12 = 5 tokens per verify; fires 12 per 120 tokens
+    assert named.mean_accepted_len == pytest.approx(5.0)
     assert named.easd_fires_per_100 == pytest.approx(10.0)
 
 

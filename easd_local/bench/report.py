@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
+from ..decoding import Stats
 from ..modes import MODE_TABLE, MODES
 from ..provenance import UNKNOWN_ENV
 from .schema import row_env, row_env_id, row_model_sha, validate_row
@@ -210,16 +211,14 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
     correct = sum(1 for r in rows if r["correct"])
     lo, hi = wilson_interval(correct, n)
 
-    def total(key: str) -> float:
-        return sum(r["stats"][key] for r in rows)
-
-    tokens = int(total("tokens"))
-    seconds = float(total("seconds_total"))
-    drafted = total("drafted")
-    speculative = drafted > 0
+    # the rows' statistics pooled; a row's mode (from its config) says which of its target
+    # calls verified drafts
+    s = sum((Stats.from_dict({**r["stats"], "mode": r["config"].get("mode", "")}) for r in rows), Stats())
+    tokens = s.tokens
+    seconds = s.seconds_total
+    speculative = s.drafted > 0
     # easd-tf drafts nothing but gates every position: its fire rate belongs in the table
     gated = speculative or any(getattr(MODE_TABLE.get(str(r["config"].get("mode", ""))), "gated", False) for r in rows)
-    committed = total("draft_accepted") + total("sd_rejections") + total("easd_fires") + total("bonus")
     return MethodSummary(
         method=method,
         n=n,
@@ -232,14 +231,14 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
         tokens_per_s=_ratio(tokens, seconds),
         mean_tokens=tokens / n if n else 0.0,
         speculative=speculative,
-        acceptance_rate=_ratio(total("draft_accepted"), drafted) if speculative else None,
-        mean_accepted_len=_ratio(committed, total("target_calls")) if speculative else None,
-        easd_fires_per_100=(_ratio(100.0 * total("easd_fires"), tokens) if gated else None),
+        acceptance_rate=s.acceptance_rate if speculative else None,
+        mean_accepted_len=s.mean_accepted_len if speculative else None,
+        easd_fires_per_100=s.easd_fires_per_100 if gated else None,
         gate_near_share=_ratio(sum(r["stats"].get("gate_near", 0) for r in rows),
                                sum(r["stats"].get("gate_decisions", 0) for r in rows)),
-        share_draft=_ratio(total("seconds_draft"), seconds),
-        share_target=_ratio(total("seconds_target"), seconds),
-        share_controller=_ratio(total("seconds_controller"), seconds),
+        share_draft=_ratio(s.seconds_draft, seconds),
+        share_target=_ratio(s.seconds_target, seconds),
+        share_controller=_ratio(s.seconds_controller, seconds),
         stop_reasons=dict(Counter(r["stats"]["stop_reason"] or "?" for r in rows)),
         truncated=sum(1 for r in rows if r["stats"].get("stop_reason") in ("length", "context")),
         no_answer=sum(1 for r in rows if r.get("extracted") in (None, "")),
