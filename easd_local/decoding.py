@@ -37,7 +37,7 @@ from .rules import BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET
 from .runtime import Model
 
 __all__ = ["BONUS", "DRAFT", "DRAFT_ONLY", "EASD", "ORIGINS", "RESAMPLED", "TARGET", "TRACE_NAMES", "TokenEvent",
-           "Stats", "Finished", "Event", "json_number", "fits_context", "generate", "run", "Stopper"]
+           "Stats", "Finished", "Event", "json_number", "fits_context", "generate", "generate_all", "Stopper"]
 
 # the origin of an emitted token (BONUS, DRAFT, ...) is defined with the rules that
 # produce it; the names `generate --trace` writes
@@ -275,7 +275,9 @@ def generate(
             yield ev
 
 
-def run(target: Model, draft: Model | None, prompt: Sequence[int], cfg: DecodeConfig, **kw) -> tuple[Finished, list[TokenEvent]]:
+def generate_all(
+    target: Model | None, draft: Model | None, prompt: Sequence[int], cfg: DecodeConfig, **kw
+) -> tuple[Finished, list[TokenEvent]]:
     """Drain ``generate``; return the Finished event and the token events."""
     events: list[TokenEvent] = []
     for ev in generate(target, draft, prompt, cfg, **kw):

@@ -68,7 +68,10 @@ def model_label(ref: str | Path) -> str:
 
 
 @dataclass(frozen=True)
-class PairSpec:
+class PairFiles:
+    """The files of a pair to load (before loading: ``pair.Pair`` holds the loaded models;
+    ``catalog.PairEntry`` is a catalog row)."""
+
     draft: Path | None
     target: Path | None
     label: str  # a name for reports: the catalog pair's name or "draft-file+target-file"
@@ -86,7 +89,7 @@ def resolve_pair(
     mode: str = "easd",
     confirm: Callable[[list], bool] = lambda missing: True,
     progress=None,
-) -> PairSpec:
+) -> PairFiles:
     """Models given on the command line (paths or catalog model names) win; otherwise the
     catalog pair (default: the default pair), pulled first if missing."""
     if draft is not None or target is not None:
@@ -100,16 +103,16 @@ def resolve_pair(
         label = "+".join(model_label(p) for p in (draft, target) if p is not None)
         d = resolve_model(draft, confirm=confirm, progress=progress) if draft is not None else None
         t = resolve_model(target, confirm=confirm, progress=progress) if target is not None else None
-        return PairSpec(draft=d, target=t, label=label)
+        return PairFiles(draft=d, target=t, label=label)
     from .catalog import load_catalog
     from .pull import ensure_models
 
     cat = load_catalog()
     entry = cat.pair(pair) if pair else cat.default_pair
     d, t = ensure_models([entry.draft, entry.target], confirm, progress, label=entry.name)
-    return PairSpec(draft=d, target=t, label=entry.name, entry=entry)
+    return PairFiles(draft=d, target=t, label=entry.name, entry=entry)
 
 
-def resolve_config(base: DecodeConfig, spec: PairSpec, flags: Mapping[str, Any]) -> tuple[DecodeConfig, str]:
+def resolve_config(base: DecodeConfig, spec: PairFiles, flags: Mapping[str, Any]) -> tuple[DecodeConfig, str]:
     """Decoding settings for this pair: base defaults, the pair's profile, then the flags."""
     return apply_thresholds(base, spec.profile(), flags)

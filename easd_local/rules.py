@@ -37,7 +37,7 @@ __all__ = [
     "sample",
     "BlockResult",
     "verify_block",
-    "needs_draft",
+    "consult_draft",
     "target_first_step",
     "ORIGINS",
     "DRAFT",
@@ -525,7 +525,7 @@ def _gate_can_fire(cfg: DecodeConfig) -> bool:
     return math.isfinite(cfg.tau_draft) and math.isfinite(cfg.tau_target) and cfg.overlap <= 1.0
 
 
-def needs_draft(z_target_row, cfg: DecodeConfig, gate_on: bool) -> tuple[bool, float]:
+def consult_draft(z_target_row, cfg: DecodeConfig, gate_on: bool) -> tuple[bool, float]:
     """easd-tf: whether the draft's logits are needed at this position, and H(z_t).
 
     The draft is consulted only if the gate is on, can fire at all (finite entropy
@@ -556,7 +556,7 @@ def target_first_step(
     """One position of target-first EASD ("easd-tf"); returns
     ``(token, origin, fired, h_t, h_d, overlap)``.
 
-    ``z_draft_row`` is None when ``needs_draft`` said the draft need not be consulted:
+    ``z_draft_row`` is None when ``consult_draft`` said the draft need not be consulted:
     the token is then emitted from p (greedy argmax or one sample), origin TARGET,
     and ``h_d``/``overlap`` are NaN. With draft logits the gate is evaluated on raw
     logits; closed -> emit from p. Open, greedy: if argmax q == argmax p emit the
@@ -568,7 +568,7 @@ def target_first_step(
 
     Random numbers (sampling only): emit-from-p uses one draw; the open gate uses three,
     in order: d ~ q, the acceptance uniform, the emitted token.
-    ``h_t`` may be passed (from ``needs_draft``) to skip recomputing it.
+    ``h_t`` may be passed (from ``consult_draft``) to skip recomputing it.
     """
     z_t = np.asarray(z_target_row)
     if h_t is None:

@@ -7,7 +7,7 @@ A step advances every active sequence by one step of its mode:
 - ``sd`` / ``easd``: draft up to gamma tokens, verify them on the target, accept, gate
   (``rules.verify_block``), roll both caches back to the accepted prefix;
 - ``easd-tf``: one target token, consulting the draft only where ``H_t >= tau_t``
-  (``rules.needs_draft`` / ``rules.target_first_step``).
+  (``rules.consult_draft`` / ``rules.target_first_step``).
 
 and issues, in this order:
 
@@ -317,7 +317,7 @@ class _TargetFirstStep(_Stepper):
     def on_target(self, s, z):
         s.stats.target_calls += 1
         z_t = z[0]
-        s.consult, s.h_t = rules.needs_draft(z_t, s.cfg, s.gate_on)
+        s.consult, s.h_t = rules.consult_draft(z_t, s.cfg, s.gate_on)
         if s.consult:
             s.z_t = z_t
             return []

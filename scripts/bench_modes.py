@@ -58,11 +58,11 @@ def main() -> int:
     draft, target = (a.draft, a.target) if a.draft and a.target else tiny_pair()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     # thresholds as generate/chat would use them: flags > the pair's profile > defaults
-    from easd_local.resolve import PairSpec, resolve_config
+    from easd_local.resolve import PairFiles, resolve_config
 
     flags = {k: v for k, v in (("tau_draft", a.tau_draft), ("tau_target", a.tau_target)) if v is not None}
     base, tau_source = resolve_config(DecodeConfig(max_tokens=a.max_tokens, gamma=a.gamma),
-                                      PairSpec(draft=Path(draft), target=Path(target), label="bench"), flags)
+                                      PairFiles(draft=Path(draft), target=Path(target), label="bench"), flags)
     t0 = time.perf_counter()
     pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads))
     load_s = time.perf_counter() - t0
@@ -74,7 +74,7 @@ def main() -> int:
             # a fresh cache for each run: every mode pays for its own prompt
             pair.target.reset()
             pair.draft.reset()
-            fin, _ = decoding.run(pair.target, pair.draft, prompt, base.replace(mode=m), n_vocab=pair.n_vocab)
+            fin, _ = decoding.generate_all(pair.target, pair.draft, prompt, base.replace(mode=m), n_vocab=pair.n_vocab)
             agg[m] = agg[m] + fin.stats
     rows = {}
     for m, g in agg.items():

@@ -39,7 +39,7 @@ from easd_local.bench.datasets import load_dataset  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.config import DecodeConfig  # noqa: E402
 from easd_local.pair import check_pair_files  # noqa: E402
-from easd_local.resolve import PairSpec, resolve_config  # noqa: E402
+from easd_local.resolve import PairFiles, resolve_config  # noqa: E402
 from easd_local.runtime import LoadOptions, Model  # noqa: E402
 
 
@@ -87,7 +87,7 @@ def main() -> int:
     a = ap.parse_args()
 
     if a.draft and a.target:
-        spec = PairSpec(draft=a.draft, target=a.target, label="given")
+        spec = PairFiles(draft=a.draft, target=a.target, label="given")
     else:
         from easd_local.resolve import resolve_pair
 
@@ -122,7 +122,7 @@ def main() -> int:
                     target.reset()
                     draft.reset()
                     b0 = lo_bytes()
-                    fin, _ = decoding.run(target, draft, prompt, base.replace(mode=m), n_vocab=n_vocab)
+                    fin, _ = decoding.generate_all(target, draft, prompt, base.replace(mode=m), n_vocab=n_vocab)
                     b1 = lo_bytes()
                     s, g = fin.stats, agg[(m, where)]
                     g["tokens"] += s.tokens

@@ -294,11 +294,11 @@ class Run:
 
 
 def run_ours(models, prompt_tokens: list[int], mode: str, args, cfg_base) -> Run:
-    from easd_local.decoding import run as decode_run
+    from easd_local.decoding import generate_all
 
     cfg = cfg_base.replace(mode=mode)
     drafts = cfg.mode_info.needs_draft
-    fin, _events = decode_run(models.target, models.draft if drafts else None, prompt_tokens, cfg,
+    fin, _events = generate_all(models.target, models.draft if drafts else None, prompt_tokens, cfg,
                               n_vocab=models.n_vocab)
     s = fin.stats
     gen_s = s.seconds_total - s.seconds_prompt
@@ -498,9 +498,9 @@ def main(argv=None) -> int:
         + (f"; load average {load:.2f}" if load is not None else ""))
     with tempfile.TemporaryDirectory(prefix="easd-bench-speed-") as tmp, load_pair(args.draft, args.target, opts) as models:
         # easd thresholds: the pair's profile if it has one (as generate would), else the defaults
-        from easd_local.resolve import PairSpec, resolve_config
+        from easd_local.resolve import PairFiles, resolve_config
 
-        spec = PairSpec(draft=Path(args.draft), target=Path(args.target), label="bench")
+        spec = PairFiles(draft=Path(args.draft), target=Path(args.target), label="bench")
         cfg_base, source = resolve_config(cfg_base, spec, {})
         notes.append(f"easd thresholds: tau_draft={cfg_base.tau_draft:g} tau_target={cfg_base.tau_target:g} "
                      f"({source})")

@@ -15,7 +15,7 @@ from easd_local import filehash, profiles
 from easd_local.catalog import ModelEntry, PairEntry
 from easd_local.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, DecodeConfig
 from easd_local.errors import ConfigError
-from easd_local.resolve import PairSpec, resolve_config
+from easd_local.resolve import PairFiles, resolve_config
 
 NO_FLAGS = {"tau_draft": None, "tau_target": None}
 
@@ -145,13 +145,13 @@ def test_profile_round_trip(home, tiny_draft, tiny_target):
 
 
 def test_precedence_flag_user_catalog_default(home, tiny_draft, tiny_target):
-    spec = PairSpec(draft=tiny_draft, target=tiny_target, label="tiny")
+    spec = PairFiles(draft=tiny_draft, target=tiny_target, label="tiny")
     cfg, source = resolve_config(DecodeConfig(), spec, NO_FLAGS)
     assert (cfg.tau_draft, cfg.tau_target, source) == (DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, "default")
 
     entry = PairEntry(name="tinypair", draft=_entry("d", tiny_draft), target=_entry("t", tiny_target),
                       profile={"tau_draft": 1.1, "tau_target": 1.2, "percentile": 90})
-    cspec = PairSpec(draft=tiny_draft, target=tiny_target, label="tinypair", entry=entry)
+    cspec = PairFiles(draft=tiny_draft, target=tiny_target, label="tinypair", entry=entry)
     cfg, source = resolve_config(DecodeConfig(), cspec, NO_FLAGS)
     assert (cfg.tau_draft, cfg.tau_target) == (1.1, 1.2)
     assert "catalog pair 'tinypair'" in source

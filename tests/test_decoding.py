@@ -42,7 +42,7 @@ def pair(tiny_draft, tiny_target):
 
 
 def run(pair, prompt_tokens, **kw):
-    fin, events = decoding.run(pair.target, pair.draft, prompt_tokens, DecodeConfig(**kw), n_vocab=pair.n_vocab)
+    fin, events = decoding.generate_all(pair.target, pair.draft, prompt_tokens, DecodeConfig(**kw), n_vocab=pair.n_vocab)
     return fin, events
 
 
@@ -231,7 +231,7 @@ def test_stop_token_ends_generation(pair):
     ref, _ = run(pair, prompt, mode="target", max_tokens=30)
     stop = ref.tokens[10]
     first = ref.tokens.index(stop)
-    fin, _ = decoding.run(pair.target, pair.draft, prompt, DecodeConfig(mode="sd", max_tokens=30),
+    fin, _ = decoding.generate_all(pair.target, pair.draft, prompt, DecodeConfig(mode="sd", max_tokens=30),
                           stop_tokens=[stop])
     assert fin.stats.stop_reason == "eos"
     assert fin.tokens[-1] == stop and len(fin.tokens) <= first + 1
@@ -273,10 +273,10 @@ def test_cache_reuse_between_calls(pair):
 def test_mode_needs_models(pair):
     prompt = pair.target.tokenize("hi")
     with pytest.raises(ConfigError, match="needs a draft"):
-        decoding.run(pair.target, None, prompt, DecodeConfig(mode="sd"))
+        decoding.generate_all(pair.target, None, prompt, DecodeConfig(mode="sd"))
     with pytest.raises(ConfigError, match="needs a target"):
-        decoding.run(None, pair.draft, prompt, DecodeConfig(mode="easd"))
-    fin, _ = decoding.run(pair.target, None, prompt, DecodeConfig(mode="target", max_tokens=3))
+        decoding.generate_all(None, pair.draft, prompt, DecodeConfig(mode="easd"))
+    fin, _ = decoding.generate_all(pair.target, None, prompt, DecodeConfig(mode="target", max_tokens=3))
     assert fin.stats.tokens == 3
 
 

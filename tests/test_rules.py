@@ -537,7 +537,7 @@ def test_documented_random_draw_counts():
     for gate_kw, n_draws in ((GATE_NEVER, 1), (GATE_ALWAYS, 3)):
         cfg = DecodeConfig(mode="easd-tf", temperature=1.0, **gate_kw)
         counter = CountingRng(1)
-        need, h_t = R.needs_draft(zt, cfg, True)
+        need, h_t = R.consult_draft(zt, cfg, True)
         R.target_first_step(zt, zd if need else None, cfg, counter, True, h_t=h_t)
         assert counter.n == n_draws
 
@@ -616,12 +616,12 @@ def test_needs_draft_and_tf_greedy():
     flat_t = _flat(V, [1, 3, 0, 2, 4, 5])
     peaked_t = _peaked(V, [1, 3])
     rng = np.random.default_rng(0)
-    assert R.needs_draft(peaked_t, cfg, True)[0] is False
-    need, h_t = R.needs_draft(flat_t, cfg, True)
+    assert R.consult_draft(peaked_t, cfg, True)[0] is False
+    need, h_t = R.consult_draft(flat_t, cfg, True)
     assert need and h_t == pytest.approx(float(R.entropy(flat_t)))
-    need_off, h_off = R.needs_draft(flat_t, cfg, False)
+    need_off, h_off = R.consult_draft(flat_t, cfg, False)
     assert need_off is False and math.isnan(h_off)
-    assert R.needs_draft(flat_t, cfg.replace(**GATE_NEVER), True)[0] is False
+    assert R.consult_draft(flat_t, cfg.replace(**GATE_NEVER), True)[0] is False
     tok, origin, fired, *_ = R.target_first_step(peaked_t, None, cfg, rng, True)
     assert (tok, origin, fired) == (1, "target", False)
     # gate open, draft argmax == target argmax -> runner-up
@@ -641,7 +641,7 @@ def _tf_counts(zt, zd, cfg, n, seed):
     counts = np.zeros(zt.size, np.int64)
     fired = 0
     for _ in range(n):
-        need, h_t = R.needs_draft(zt, cfg, True)
+        need, h_t = R.consult_draft(zt, cfg, True)
         tok, origin, f, *_ = R.target_first_step(zt, zd if need else None, cfg, rng, True, h_t=h_t)
         counts[tok] += 1
         fired += f

@@ -55,7 +55,7 @@ def solo(pair, prompt, cfg: DecodeConfig, seed: int) -> tuple[Finished, list[Tok
     """The sequence's own B = 1 run (decoding.generate, fresh caches)."""
     pair.target.reset()
     pair.draft.reset()
-    return decoding.run(pair.target, pair.draft, prompt, cfg.replace(seed=seed), n_vocab=pair.n_vocab)
+    return decoding.generate_all(pair.target, pair.draft, prompt, cfg.replace(seed=seed), n_vocab=pair.n_vocab)
 
 
 def drain(sched: Scheduler, results: dict, events: dict) -> None:

@@ -11,7 +11,7 @@ import pytest
 from serve_helpers import ServerProc, http, metric_values
 
 from easd_local.config import DecodeConfig
-from easd_local.decoding import run as decode_run
+from easd_local.decoding import generate_all
 from easd_local.pair import load_pair
 from easd_local.runtime import LoadOptions
 
@@ -181,7 +181,7 @@ def test_eight_concurrent_clients_match_sequential_generate(server, client, mode
     with load_pair(tiny_draft, tiny_target, opts) as pair:
         for i, prompt_text in enumerate(PROMPTS):
             prompt = pair.target.chat_tokens([{"role": "user", "content": prompt_text}])
-            fin, _ = decode_run(pair.target, pair.draft, prompt, DecodeConfig(mode="sd", max_tokens=24),
+            fin, _ = generate_all(pair.target, pair.draft, prompt, DecodeConfig(mode="sd", max_tokens=24),
                                 n_vocab=pair.n_vocab)
             if results[i] == fin.text:
                 continue

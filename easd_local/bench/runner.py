@@ -48,7 +48,7 @@ from ..errors import ConfigError, RuntimeFailure
 from ..near_ties import gate_margin
 from ..pair import open_models
 from ..provenance import Environment
-from ..resolve import PairSpec, resolve_config, resolve_pair
+from ..resolve import PairFiles, resolve_config, resolve_pair
 from ..runtime import LoadOptions
 from ..scheduler import Failed, Request, Scheduler
 from .datasets import Problem
@@ -222,7 +222,7 @@ def pair_specs(
     *,
     confirm: Callable[[list], bool] = lambda missing: True,
     progress=None,
-) -> list[PairSpec]:
+) -> list[PairFiles]:
     """Catalog pairs (``--pair``, in order) then file pairs (the i-th ``--draft`` with the
     i-th ``--target``); the default catalog pair when none is given. A side may be left
     out only when no method needs it (``--modes target`` needs no draft)."""
@@ -244,14 +244,14 @@ def pair_specs(
         groups = [(None, t) for t in targets]
     else:
         groups = list(zip(drafts, targets))
-    specs: list[PairSpec] = []
+    specs: list[PairFiles] = []
     for name in pairs:
         specs.append(resolve_pair(name, None, None, mode=mode, confirm=confirm, progress=progress))
     for d, t in groups:
         specs.append(resolve_pair(None, d, t, mode=mode, confirm=confirm, progress=progress))
     if not specs:
         specs.append(resolve_pair(None, None, None, mode=mode, confirm=confirm, progress=progress))
-    labels: dict[str, PairSpec] = {}
+    labels: dict[str, PairFiles] = {}
     for s in specs:
         if s.label in labels:
             raise ConfigError(f"two pairs have the same label {s.label!r}; results are keyed by it, "
@@ -272,8 +272,10 @@ class MethodRun:
 
 
 @dataclass(frozen=True)
-class PairRun:
-    spec: PairSpec
+class PairMethods:
+    """One pair's files and the methods to run on it."""
+
+    spec: PairFiles
     runs: list[MethodRun]
 
     @property
@@ -284,7 +286,7 @@ class PairRun:
 @dataclass(frozen=True)
 class Plan:
     problems: list[Problem]
-    pairs: list[PairRun]
+    pairs: list[PairMethods]
     target_opts: LoadOptions = LoadOptions()
     draft_opts: LoadOptions | None = None
     env: Environment | None = None  # recorded in every row (prepare() fills it in)
@@ -298,7 +300,7 @@ class Plan:
     def methods(self) -> list[str]:
         return [r.method.name for r in self.pairs[0].runs] if self.pairs else []
 
-    def keys(self) -> Iterator[tuple[Key, PairRun, Problem, MethodRun]]:
+    def keys(self) -> Iterator[tuple[Key, PairMethods, Problem, MethodRun]]:
         for pr in self.pairs:
             for prob in self.problems:
                 for run in pr.runs:
@@ -307,7 +309,7 @@ class Plan:
 
 def prepare(
     problems: Sequence[Problem],
-    specs: Sequence[PairSpec],
+    specs: Sequence[PairFiles],
     methods: Sequence[Method],
     base: DecodeConfig,
     flags: dict[str, Any],
@@ -328,7 +330,7 @@ def prepare(
             except ConfigError as e:
                 raise ConfigError(f"{m.origin} (pair {spec.label}): {e}") from None
             runs.append(MethodRun(m, cfg, source))
-        pairs.append(PairRun(spec, runs))
+        pairs.append(PairMethods(spec, runs))
     env = env or provenance.environment(target_opts, draft_opts)
     return Plan(list(problems), pairs, target_opts, draft_opts, env)
 
@@ -610,7 +612,7 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                     yield from _run_method(sched, pr, run, items, prov, out)
 
 
-def _run_method(sched: Scheduler, pr: PairRun, run: MethodRun, items, prov: dict, out: ResultsFile) -> Iterator[Event]:
+def _run_method(sched: Scheduler, pr: PairMethods, run: MethodRun, items, prov: dict, out: ResultsFile) -> Iterator[Event]:
     """Decode ``items`` (problem, prompt) with one method, ``sched.n_parallel`` at a time;
     append each row as its sequence finishes."""
     pending = list(reversed(items))
