@@ -37,6 +37,7 @@ from .errors import ConfigError, ContextOverflowError, ModelLoadError, RpcError,
 from . import gguf_info
 from .gguf_file import check_gguf_file
 from .gguf_info import file_type_name
+from .load_errors import load_failure_reason
 
 try:
     import llama_cpp as _ll
@@ -535,49 +536,9 @@ class Model:
 
     # ------------------------------------------------------------------ lifecycle
     def _load_failure_reason(self, sink: _LogSink) -> str:
-        # llama.cpp explains a NULL model only in its log; keep the most specific line
-        generic = ("failed to load model", "error loading model: llama_model_loader")
-        # metadata dumps ("print_info: rope_finetuned = unknown") match the error keywords
-        # but explain nothing
-        noise = ("print_info:", "llama_model_loader: - ")
-        errs = [e for e in sink.errors() if not any(g in e for g in generic) and not e.startswith(noise)]
-        # llama.cpp's own verdict first
-        errs.sort(key=lambda e: "error loading model" not in e)
-        size = self.path.stat().st_size
-        text = " ".join(errs).lower()
-
-        def strip_prefix(line: str) -> str:
-            line = line.strip()
-            while True:
-                if line.startswith("error loading model: "):
-                    line = line.removeprefix("error loading model: ")
-                    continue
-                head, sep, rest = line.partition(": ")
-                if sep and head and head.replace("_", "").isalnum():
-                    line = rest
-                else:
-                    return line.strip()
-
-        if "unknown model architecture" in text:
-            arch = next(e for e in errs if "unknown model architecture" in e.lower())
-            detail = arch.lower().split("unknown model architecture", 1)[-1].strip(" :'\"")
-            return f"{self.path}: unsupported architecture '{detail}' (this llama.cpp does not know it)"
-        if "not within the file bounds" in text:
-            line = next(e for e in errs if "not within the file bounds" in e)
-            return f"{self.path}: truncated or corrupt GGUF ({size:,} bytes): {strip_prefix(line)}"
-        # The GGUF parser states the precise header problem (a newer GGUF version, an
-        # absurd tensor count...) on a line before its generic "failed to read header";
-        # that line carries none of the error keywords, so take the parser's lines as is.
         with sink._lock:
             tail = list(sink.tail)
-        parser = list(dict.fromkeys(strip_prefix(ln) for ln in tail if ln.startswith("gguf_")))
-        if parser:
-            specific = [ln for ln in parser if not ln.startswith("failed to read")]
-            hint = "" if specific else "; truncated or corrupt?"
-            return f"{self.path}: not a loadable GGUF ({size:,} bytes{hint}): {'; '.join(parser[-3:])}"
-        if errs:
-            return f"{self.path}: not a loadable GGUF ({size:,} bytes; truncated or corrupt?): {strip_prefix(errs[0])}"
-        return f"{self.path}: llama.cpp could not load it (corrupt GGUF?); rerun with --verbose for its log"
+        return load_failure_reason(self.path, self.path.stat().st_size, sink.errors(), tail)
 
     def close(self) -> None:
         if self._batch is not None:
