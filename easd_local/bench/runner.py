@@ -36,7 +36,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -54,7 +53,8 @@ from ..scheduler import Failed, Request, Scheduler
 from .datasets import Problem
 from .grading import is_correct
 from .prompt import build_messages
-from .schema import make_row, row_env, stored_config, validate_row
+from .results import Key, ResultsFile
+from .schema import make_row, row_env, stored_config
 
 DEFAULT_MODES = ("target", "sd", "easd")
 DEFAULT_MAX_TOKENS = 1024
@@ -74,13 +74,6 @@ def problem_seed(seed: int, dataset: str, qid: str) -> int:
     """A sequence's generator seed: from --seed and the problem, never the batch slot."""
     digest = hashlib.sha256(f"{seed}\0{dataset}\0{qid}".encode()).digest()
     return int.from_bytes(digest[:8], "little")
-
-Key = tuple[str, str, str, str]  # (dataset, qid, method, pair)
-
-
-def row_key(row: dict) -> Key:
-    return (row["dataset"], row["qid"], row["method"], row["pair"])
-
 
 # ------------------------------------------------------------------------- methods
 
@@ -333,109 +326,6 @@ def prepare(
         pairs.append(PairMethods(spec, runs))
     env = env or provenance.environment(target_opts, draft_opts)
     return Plan(list(problems), pairs, target_opts, draft_opts, env)
-
-
-# -------------------------------------------------------------------- results file
-
-
-class ResultsFile:
-    """The JSON-lines results file, opened for appending one fsynced row at a time.
-
-    Without ``resume`` an existing non-empty file is an error (never overwritten or
-    appended to). With ``resume`` its rows are read (``done`` holds their keys) and a torn
-    last line (no final newline: the writer was killed mid-row) is cut away on
-    :meth:`open`, so the next row starts on a line of its own.
-    """
-
-    def __init__(self, path: str | Path, resume: bool) -> None:
-        self.path = Path(path).expanduser()
-        self.resume = resume
-        self.rows: dict[Key, dict] = {}
-        self.torn_bytes = 0  # length of the unterminated tail cut away by open()
-        self._keep = 0  # bytes kept (everything up to the last newline)
-        self._fh = None
-        p = self.path
-        if p.is_dir():
-            raise ConfigError(f"--out {str(p)!r} is a directory")
-        size = p.stat().st_size if p.exists() else 0
-        if size and not resume:
-            raise ConfigError(f"{str(p)!r} exists; use --resume or another --out")
-        self._load()  # early, so that a corrupt file is reported before any model loads
-
-    def _load(self) -> None:
-        p = self.path
-        self.rows, self.torn_bytes, self._keep = {}, 0, 0
-        if not p.exists():
-            return
-        try:
-            data = p.read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"cannot read {str(p)!r}: {exc.strerror or exc}") from None
-        self._keep = data.rfind(b"\n") + 1
-        self.torn_bytes = len(data) - self._keep
-        for lineno, raw in enumerate(data[: self._keep].split(b"\n"), 1):
-            if not raw.strip():
-                continue
-            where = f"{p.name} line {lineno}"
-            try:
-                row = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                raise ConfigError(f"{where} is not valid JSON; the file is corrupt (cannot resume into it)") from None
-            validate_row(row, where)
-            self.rows[row_key(row)] = row
-
-    @property
-    def done(self) -> set[Key]:
-        return set(self.rows)
-
-    def open(self) -> "ResultsFile":
-        """Lock the file for this run, reread it and cut a torn last line away."""
-        p = self.path
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(p, "a", encoding="utf-8")  # noqa: SIM115
-        except OSError as exc:
-            raise ConfigError(f"cannot write {str(p)!r}: {exc.strerror or exc}") from None
-        try:  # one writer per file: a second run on the same --out would duplicate rows
-            import fcntl
-
-            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # pragma: no cover - not POSIX
-            pass
-        except OSError:
-            self.close()
-            raise ConfigError(f"{str(p)!r} is being written by another run") from None
-        try:
-            self._load()  # under the lock: what another run may have added meanwhile
-            if self.torn_bytes:
-                os.ftruncate(self._fh.fileno(), self._keep)  # appends then go to the new end
-                os.fsync(self._fh.fileno())
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def append(self, row: dict) -> None:
-        assert self._fh is not None, "ResultsFile.open() first"
-        # one line per row; flushed and fsynced so that a kill loses at most this row.
-        # allow_nan=False: a bare Infinity or NaN is not JSON (jq and others reject the whole
-        # file), so a non-finite float that reached a row unconverted fails here, loudly
-        line = json.dumps(row, ensure_ascii=False, allow_nan=False)
-        self._fh.write(line + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self.rows[row_key(row)] = row
-
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-
-    def __enter__(self) -> "ResultsFile":
-        return self.open() if self._fh is None else self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 # ------------------------------------------------------------------------- running
