@@ -20,6 +20,7 @@ evaluated once.
 
 from __future__ import annotations
 
+import datetime
 import json
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from . import rules
+from . import profiles, rules
 from .runtime import Part
 from .errors import ConfigError
 from .fsutil import write_jsonl_atomic
@@ -323,6 +324,27 @@ def collect(
 
 
 # ------------------------------------------------------------------------------ output
+
+
+def write_pair_profile(trace: Trace, summary_: dict, files, percentile: float, *, dataset: str, max_tokens: int,
+                       top_n: int, command: str) -> dict:
+    """Write the thresholds at ``percentile`` of ``trace`` into the user profile of the pair
+    ``files`` (a ``resolve.PairFiles``) with what produced them; return what was written:
+    ``{"path", "tau_draft", "tau_target", "percentile"}``. ``summary_`` is ``summary(trace, ...)``."""
+    tau_d, tau_t = (round(v, 4) for v in thresholds_at(trace, percentile))
+    entry = files.entry
+    did = profiles.file_id(files.draft, entry.draft if entry is not None else None)
+    tid = profiles.file_id(files.target, entry.target if entry is not None else None)
+    path = profiles.write_profile(
+        did, tid, tau_d, tau_t, percentile=percentile,
+        positions=trace.positions, questions=trace.n_questions, dataset=dataset, max_tokens=max_tokens,
+        top_n=top_n, pair=files.label, command=command,
+        date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        seconds=round(trace.seconds, 1),
+        percentiles={f"p{r['percentile']:g}": {"h_draft": round(r["h_draft"], 4), "h_target": round(r["h_target"], 4)}
+                     for r in summary_["percentiles"]},
+    )
+    return {"path": str(path), "tau_draft": tau_d, "tau_target": tau_t, "percentile": percentile}
 
 
 def write_trace(path: str | Path, trace: Trace) -> None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import shlex
@@ -17,7 +16,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .. import calibrate as cal
-from .. import profiles
 from ..config import DecodeConfig
 from ..errors import ConfigError
 from ..pair import open_models
@@ -192,22 +190,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                        allow_test_split)
         written = None
         if percentile is not None:
-            tau_d, tau_t = cal.thresholds_at(tr, percentile)
-            entry = spec.entry
-            did = profiles.file_id(spec.draft, entry.draft if entry is not None else None)
-            tid = profiles.file_id(spec.target, entry.target if entry is not None else None)
-            path = profiles.write_profile(
-                did, tid, round(tau_d, 4), round(tau_t, 4), percentile=percentile,
-                positions=tr.positions, questions=tr.n_questions, dataset=name, max_tokens=max_tokens,
-                top_n=top_n_, pair=spec.label, command=cmd,
-                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                seconds=round(tr.seconds, 1),
-                percentiles={f"p{r['percentile']:g}": {"h_draft": round(r["h_draft"], 4),
-                                                        "h_target": round(r["h_target"], 4)}
-                             for r in s["percentiles"]},
-            )
-            written = {"path": str(path), "tau_draft": round(tau_d, 4), "tau_target": round(tau_t, 4),
-                       "percentile": percentile}
+            written = cal.write_pair_profile(tr, s, spec, percentile, dataset=name, max_tokens=max_tokens,
+                                             top_n=top_n_, command=cmd)
         s["profile"] = written
         s["command"] = cmd
         if trace is not None:
