@@ -106,11 +106,8 @@ def _command(pair, draft, target, dataset, question_key, limit, max_tokens, top_
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @app.command("calibrate")
     @friendly
+    @o.with_options(before=(o.MODEL_OPTIONS,), after=(o.LLAMA_OPTIONS,))
     def calibrate(
-        draft: o.DraftOpt = None,
-        target: o.TargetOpt = None,
-        pair: o.PairOpt = None,
-        yes: o.YesOpt = False,
         dataset: Annotated[str, typer.Option(
             "--dataset", help="Calibration questions: a bundled preset or a JSONL file (default: gsm8k-train).")
         ] = cal.DEFAULT_DATASET,
@@ -128,19 +125,11 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             "--allow-test-split", help="Allow a test-split preset (its scores are then biased by the calibration).")] = False,
         system: Annotated[Optional[str], typer.Option("--system", help="System message for the chat template (default: none).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
-        ctx: o.CtxOpt = 4096,
-        threads: o.ThreadsOpt = None,
-        n_gpu_layers: o.NglOpt = -1,
-        n_gpu_layers_draft: o.NglDraftOpt = None,
-        flash_attn: o.FlashOpt = False,
-        main_gpu: o.MainGpuOpt = 0,
-        rpc: o.RpcOpt = None,
-        rpc_draft: o.RpcDraftOpt = None,
-        tensor_split: o.TensorSplitOpt = None,
-        verbose: o.VerboseOpt = False,
         parallel: o.ParallelOpt = None,
+        **kw,
     ) -> None:
         """Measure both models' entropies on a calibration set (target greedy) and optionally write the pair's EASD thresholds."""
+        draft, target, pair, yes = (kw[k] for k in ("draft", "target", "pair", "yes"))
         base = DecodeConfig()
         top_n_ = base.top_n if top_n is None else top_n
         tau_o = base.overlap if overlap is None else overlap
@@ -156,8 +145,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                     "--png needs matplotlib, which is not installed: pip install 'easd-local[plot]' (or matplotlib)"
                 ) from None
         name, questions = cal.load_questions(dataset, question_key, limit, allow_test_split)
-        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
-                                      rpc, rpc_draft, tensor_split)
+        topts, dopts = o.llama_options(kw)
         parallel, topts, dopts = o.parallel_options(parallel, topts, dopts)
         with DownloadUI(yes) as dl:
             spec = resolve_pair(pair, draft, target, mode="sd", confirm=dl.confirm, progress=dl.progress)

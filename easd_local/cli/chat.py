@@ -179,36 +179,11 @@ def banner(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str) -> 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @app.command("chat")
     @friendly
+    @o.with_options(before=(o.MODEL_OPTIONS, o.decode_group(CHAT)), after=(o.LLAMA_OPTIONS,))
     def chat(
-        draft: o.DraftOpt = None,
-        target: o.TargetOpt = None,
-        pair: o.PairOpt = None,
-        yes: o.YesOpt = False,
-        mode: CHAT.mode = None,
-        max_tokens: CHAT.max_tokens = None,
-        temperature: CHAT.temperature = None,
-        top_k: CHAT.top_k = None,
-        top_p: CHAT.top_p = None,
-        seed: CHAT.seed = None,
-        gamma: CHAT.gamma = None,
-        draft_p_min: CHAT.draft_p_min = None,
-        top_n: CHAT.top_n = None,
-        overlap: CHAT.overlap = None,
-        tau_draft: CHAT.tau_draft = None,
-        tau_target: CHAT.tau_target = None,
-        penalty: CHAT.penalty = None,
         system: Annotated[Optional[str], typer.Option("--system", metavar="TEXT", help=o.with_default("System message.", "none"))] = None,
         show_origin: Annotated[bool, typer.Option("--show-origin", help="Colour each token by where it came from.")] = False,
-        ctx: o.CtxOpt = 4096,
-        threads: o.ThreadsOpt = None,
-        n_gpu_layers: o.NglOpt = -1,
-        n_gpu_layers_draft: o.NglDraftOpt = None,
-        flash_attn: o.FlashOpt = False,
-        main_gpu: o.MainGpuOpt = 0,
-        rpc: o.RpcOpt = None,
-        rpc_draft: o.RpcDraftOpt = None,
-        tensor_split: o.TensorSplitOpt = None,
-        verbose: o.VerboseOpt = False,
+        **kw,
     ) -> None:
         """Chat with a draft/target pair, streamed, with slash commands.
 
@@ -220,16 +195,16 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
 
         Each turn re-renders the history with the target's chat template; only the new tokens are evaluated. Commands: /mode, /set KEY VALUE, /stats, /system, /reset, /save [PATH], /help, /quit. Ctrl-C stops a reply; Ctrl-C or Ctrl-D at the prompt leaves. Every session is logged as JSONL in the transcripts folder (the path is printed when you leave).
         """
-        flags = o.decode_flags(locals())
+        draft, target, pair, yes, mode = (kw[k] for k in ("draft", "target", "pair", "yes", "mode"))
+        flags = o.decode_flags(kw)
         # every value is checked before any model loads
         CHAT_DEFAULTS.replace(**{k: v for k, v in flags.items() if v is not None})
-        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
-                                      rpc, rpc_draft, tensor_split)
+        topts, dopts = o.llama_options(kw)
         with DownloadUI(yes) as dl:
             spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
         why = ""
         if mode is None:
-            flags["mode"], why = auto_mode(gpu_offload_supported(), n_gpu_layers, spec.draft is not None)
+            flags["mode"], why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None)
         cfg, source = resolve_config(CHAT_DEFAULTS, spec, flags)
         # load every model that was given, so that /mode can switch between them
         with spinner(f"loading {spec.label}"):

@@ -29,41 +29,16 @@ from .render import LEGEND, ORIGIN_STYLE, placement, placement_text, run_setting
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @app.command("generate")
     @friendly
+    @o.with_options(before=(o.MODEL_OPTIONS, o.DECODE_OPTIONS), after=(o.LLAMA_OPTIONS,))
     def generate(
         prompt: Annotated[str, typer.Argument(metavar="PROMPT", help="Prompt text ('-' reads standard input).",
                                               show_default=False)],
-        draft: o.DraftOpt = None,
-        target: o.TargetOpt = None,
-        pair: o.PairOpt = None,
-        yes: o.YesOpt = False,
-        mode: o.ModeOpt = None,
-        max_tokens: o.MaxTokOpt = None,
-        temperature: o.TempOpt = None,
-        top_k: o.TopKOpt = None,
-        top_p: o.TopPOpt = None,
-        seed: o.SeedOpt = None,
-        gamma: o.GammaOpt = None,
-        draft_p_min: o.PMinOpt = None,
-        top_n: o.TopNOpt = None,
-        overlap: o.OverlapOpt = None,
-        tau_draft: o.TauDOpt = None,
-        tau_target: o.TauTOpt = None,
-        penalty: o.PenaltyOpt = None,
         chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the target's chat template.")] = True,
         system: Annotated[Optional[str], typer.Option("--system", metavar="TEXT", help=o.with_default("System message (with --chat).", "none"))] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with the text and every statistic.")] = False,
         show_origin: Annotated[bool, typer.Option("--show-origin", help="Colour each token by where it came from.")] = False,
         trace: Annotated[Optional[Path], typer.Option("--trace", metavar="FILE", help=o.with_default("Write a per-token trace (JSONL).", "none"))] = None,
-        ctx: o.CtxOpt = 4096,
-        threads: o.ThreadsOpt = None,
-        n_gpu_layers: o.NglOpt = -1,
-        n_gpu_layers_draft: o.NglDraftOpt = None,
-        flash_attn: o.FlashOpt = False,
-        main_gpu: o.MainGpuOpt = 0,
-        rpc: o.RpcOpt = None,
-        rpc_draft: o.RpcDraftOpt = None,
-        tensor_split: o.TensorSplitOpt = None,
-        verbose: o.VerboseOpt = False,
+        **kw,
     ) -> None:
         """Generate one completion and print statistics.
 
@@ -73,18 +48,18 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
 
         generate is greedy (temperature 0, up to 512 tokens) so that a run repeats exactly; chat samples (temperature 0.7) as chat UIs do.
         """
-        flags = o.decode_flags(locals())
+        draft, target, pair, yes, mode = (kw[k] for k in ("draft", "target", "pair", "yes", "mode"))
+        flags = o.decode_flags(kw)
         # every value is checked before any model loads
         DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
-        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
-                                      rpc, rpc_draft, tensor_split)
+        topts, dopts = o.llama_options(kw)
         if prompt == "-":
             prompt = sys.stdin.read()
         with DownloadUI(yes) as dl:
             spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
         if mode is None:
             # one rule for a mode not given, shared with chat
-            flags["mode"], _why = auto_mode(gpu_offload_supported(), n_gpu_layers, spec.draft is not None)
+            flags["mode"], _why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None)
         cfg, source = resolve_config(DecodeConfig(), spec, flags)
         info = cfg.mode_info
         with spinner(f"loading {spec.label}"):

@@ -9,7 +9,8 @@ Short names follow llama.cpp's (``-m`` target, ``-md`` draft, ``-c``, ``-n``, ``
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import inspect
+from typing import Annotated, Optional, Sequence
 
 import typer
 
@@ -156,8 +157,55 @@ def parallel_options(parallel: int | None, topts: LoadOptions, dopts: LoadOption
     return parallel, replace(topts, n_seq=parallel), replace(dopts, n_seq=parallel)
 
 
-DECODE_FLAGS = ("mode", "max_tokens", "temperature", "top_k", "top_p", "seed", "gamma", "draft_p_min",
-                "top_n", "overlap", "tau_draft", "tau_target", "penalty")
+# ------------------------------------------------------------------- option groups
+# name: (annotated type, default). A command takes a group with ``with_options`` and reads
+# it from its ``**kw``; one definition for every command that has these flags.
+MODEL_OPTIONS = dict(draft=(DraftOpt, None), target=(TargetOpt, None), pair=(PairOpt, None), yes=(YesOpt, False))
+DECODE_OPTIONS = dict(
+    mode=(ModeOpt, None), max_tokens=(MaxTokOpt, None), temperature=(TempOpt, None), top_k=(TopKOpt, None),
+    top_p=(TopPOpt, None), seed=(SeedOpt, None), gamma=(GammaOpt, None), draft_p_min=(PMinOpt, None),
+    top_n=(TopNOpt, None), overlap=(OverlapOpt, None), tau_draft=(TauDOpt, None), tau_target=(TauTOpt, None),
+    penalty=(PenaltyOpt, None),
+)
+def decode_group(opts: "DecodeOpts") -> dict:
+    """The decoding option group with ``opts``' help (chat shows its own defaults)."""
+    return {name: (getattr(opts, name), None) for name in DECODE_OPTIONS}
+
+
+LLAMA_OPTIONS = dict(
+    ctx=(CtxOpt, 4096), threads=(ThreadsOpt, None), n_gpu_layers=(NglOpt, -1), n_gpu_layers_draft=(NglDraftOpt, None),
+    flash_attn=(FlashOpt, False), main_gpu=(MainGpuOpt, 0), rpc=(RpcOpt, None), rpc_draft=(RpcDraftOpt, None),
+    tensor_split=(TensorSplitOpt, None), verbose=(VerboseOpt, False),
+)
+
+
+def with_options(before: Sequence[dict] = (), after: Sequence[dict] = ()):
+    """Give a command the option groups as typer parameters: ``before`` ahead of its own
+    options (after its arguments), ``after`` at the end, in --help's order. The command
+    declares its own parameters and ``**kw``, which receives the groups' values."""
+
+    def deco(fn):
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        kw_only = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+        args = [p for p in kw_only if p.default is inspect.Parameter.empty]
+        opts = [p for p in kw_only if p.default is not inspect.Parameter.empty]
+
+        def group(groups):
+            return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)
+                    for g in groups for name, (ann, default) in g.items()]
+
+        fn.__signature__ = inspect.Signature(args + group(before) + opts + group(after))
+        return fn
+
+    return deco
+
+
+def llama_options(kw: dict) -> tuple[LoadOptions, LoadOptions]:
+    """(target options, draft options) from the LLAMA_OPTIONS values of ``kw``, validated."""
+    return load_options(**{k: kw[k] for k in LLAMA_OPTIONS})
+
+
+DECODE_FLAGS = tuple(DECODE_OPTIONS)
 
 
 def decode_flags(params: dict) -> dict:

@@ -47,24 +47,8 @@ def listen_socket(host: str, port: int) -> socket.socket:
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @app.command("serve")
     @friendly
+    @o.with_options(before=(o.MODEL_OPTIONS, o.DECODE_OPTIONS), after=(o.LLAMA_OPTIONS,))
     def serve(
-        draft: o.DraftOpt = None,
-        target: o.TargetOpt = None,
-        pair: o.PairOpt = None,
-        yes: o.YesOpt = False,
-        mode: o.ModeOpt = None,
-        max_tokens: o.MaxTokOpt = None,
-        temperature: o.TempOpt = None,
-        top_k: o.TopKOpt = None,
-        top_p: o.TopPOpt = None,
-        seed: o.SeedOpt = None,
-        gamma: o.GammaOpt = None,
-        draft_p_min: o.PMinOpt = None,
-        top_n: o.TopNOpt = None,
-        overlap: o.OverlapOpt = None,
-        tau_draft: o.TauDOpt = None,
-        tau_target: o.TauTOpt = None,
-        penalty: o.PenaltyOpt = None,
         host: Annotated[str, typer.Option("--host", help="Address to bind (default: loopback only).")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port", help="Port (0 = any free port, printed at start).")] = 8080,
         parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together in one batch per step "
@@ -74,16 +58,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                            help="Require 'Authorization: Bearer KEY' (all endpoints but /health). \\[default: none: no key]")] = None,
         max_body: Annotated[int, typer.Option("--max-body", help="Largest request body in bytes (413 past it).")] = 4 * 1024 * 1024,
         log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level (info shows each request).")] = "info",
-        ctx: o.CtxOpt = 4096,
-        threads: o.ThreadsOpt = None,
-        n_gpu_layers: o.NglOpt = -1,
-        n_gpu_layers_draft: o.NglDraftOpt = None,
-        flash_attn: o.FlashOpt = False,
-        main_gpu: o.MainGpuOpt = 0,
-        rpc: o.RpcOpt = None,
-        rpc_draft: o.RpcDraftOpt = None,
-        tensor_split: o.TensorSplitOpt = None,
-        verbose: o.VerboseOpt = False,
+        **kw,
     ) -> None:
         """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
         /v1/models, /health, /metrics).
@@ -93,11 +68,11 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         overlap, penalty, top_k). Every response carries the request's decoding statistics in
         "timings". EASD (modes easd, easd-tf with the gate on) is not lossless.
         """
-        flags = o.decode_flags(locals())
+        draft, target, pair, yes, mode = (kw[k] for k in ("draft", "target", "pair", "yes", "mode"))
+        flags = o.decode_flags(kw)
         # every value is checked before any model loads
         DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
-        topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
-                                      rpc, rpc_draft, tensor_split)
+        topts, dopts = o.llama_options(kw)
         if not 1 <= parallel <= 256:  # 256: llama.cpp's LLAMA_MAX_SEQ
             raise ConfigError(f"--parallel must be between 1 and 256, got {parallel}")
         # contexts that hold one sequence per slot, each with --ctx tokens of its own
@@ -117,7 +92,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
         why = ""
         if mode is None:
-            flags["mode"], why = auto_mode(gpu_offload_supported(), n_gpu_layers, spec.draft is not None)
+            flags["mode"], why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None)
         cfg, source = resolve_config(DecodeConfig(), spec, flags)
         sock = listen_socket(host, port)
         _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host)
