@@ -404,3 +404,14 @@ def test_gate_mechanism_marks_sampled_runs():
     mech = [m for m in g.methods if m.method == "easd-tf"][0].mechanism
     assert not mech.greedy and mech.changed_without_fire == 1
     assert "1 (sampled)" in render_markdown([g])
+
+
+def test_row_without_provenance_and_a_newer_row_of_the_same_problem_count_once():
+    old = _mech_row("target", 0, "a 1", "1", 0)
+    new = dict(_mech_row("target", 0, "a 2", "2", 0),
+               provenance={"env_id": "e1", "env": {"threads": 2},
+                           "draft": {"file": "d.gguf", "size": 1, "sha256": "d" * 64},
+                           "target": {"file": "t.gguf", "size": 1, "sha256": "t" * 64}})
+    [g] = summarize([old, new])
+    [m] = g.methods
+    assert (m.n, m.correct, g.duplicates) == (1, 0, 1)

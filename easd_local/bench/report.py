@@ -316,9 +316,16 @@ def summarize(rows: Iterable[dict], *, same_env: bool = False) -> list[GroupSumm
         method_seen.setdefault(row["method"], len(method_seen))
     files_of = _file_groups(rows)
 
-    groups: dict[tuple, dict[str, list[dict]]] = {}
+    # keyed by qid: a row written before provenance joins its pair's recorded files, so it can
+    # meet a newer row of the same (method, qid) here; the later one wins, as in latest_rows
+    by_group: dict[tuple, dict[str, dict[str, dict]]] = {}
     for i, row in enumerate(rows):
-        groups.setdefault((row["dataset"], row["pair"], files_of[i]), {}).setdefault(row["method"], []).append(row)
+        key = (row["dataset"], row["pair"], files_of[i])
+        same = by_group.setdefault(key, {}).setdefault(row["method"], {})
+        if row["qid"] in same:
+            duplicates[key[:2]] += 1
+        same[row["qid"]] = row
+    groups = {key: {m: list(rs.values()) for m, rs in by_method.items()} for key, by_method in by_group.items()}
     n_files = Counter(key[:2] for key in groups)
 
     out: list[GroupSummary] = []
