@@ -33,6 +33,7 @@ from . import profiles, rules
 from .runtime import Part
 from .errors import ConfigError
 from .fsutil import write_jsonl_atomic
+from .text import check_text
 
 PERCENTILES = (50, 75, 90, 95, 99)
 DEFAULT_DATASET = "gsm8k-train"
@@ -157,6 +158,12 @@ def summary(trace: Trace, tau_overlap: float, ps: Sequence[float] = PERCENTILES)
 # ------------------------------------------------------------------------------ questions
 
 
+def _json_type(value) -> str:
+    return {list: "array", dict: "object", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+
 def load_questions(dataset: str, question_key: str | None = None, limit: int | None = DEFAULT_LIMIT,
                    allow_test_split: bool = False) -> tuple[str, list[str]]:
     """``(dataset name, questions)`` from a bundled preset or a JSONL file.
@@ -199,10 +206,15 @@ def load_questions(dataset: str, question_key: str | None = None, limit: int | N
             row = json.loads(line)
         except ValueError as e:
             raise ConfigError(f"{path} line {lineno} is not valid JSON ({e})") from None
-        if not isinstance(row, dict) or not isinstance(row.get(key), str):
-            keys = ", ".join(sorted(row)) if isinstance(row, dict) else type(row).__name__
-            raise ConfigError(f"{path} line {lineno} has no text field {key!r} (give --question-key; found: {keys})")
-        out.append(row[key])
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path} line {lineno} is a JSON {type(row).__name__}, expected an object")
+        if key not in row:
+            keys = ", ".join(sorted(map(str, row))) or "none"
+            raise ConfigError(f"{path} line {lineno} has no field {key!r} (give --question-key; found: {keys})")
+        if not isinstance(row[key], str):
+            raise ConfigError(f"{path} line {lineno}: field {key!r} holds a JSON {_json_type(row[key])}, "
+                              "expected text")
+        out.append(check_text(row[key], f"{path} line {lineno}: the question"))
         if limit is not None and len(out) >= limit:
             break
     if not out:

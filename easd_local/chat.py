@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Iterator, Union
 
 from . import paths
-from .fsutil import write_text_atomic
-from .config import DecodeConfig, apply_settings, not_lossless
+from .fsutil import describe_write_error, write_text_atomic
+from .config import RANDOM_SEED, DecodeConfig, apply_settings, not_lossless
 from .modes import MODES, mode_info
 from .decoding import Finished, Stats, Stopper, TokenEvent, acceptance_text, generate
 from .jsonsafe import jsonable
 from .errors import ConfigError, ContextOverflowError, EasdError
 from .runtime import Model
+from .text import check_text
 
 # Chat's own sampling defaults (generate's are greedy with 512 tokens).
 def auto_mode(gpu_offload: bool, n_gpu_layers: int, have_draft: bool) -> tuple[str, str]:
@@ -147,35 +148,78 @@ def settings_dict(cfg: DecodeConfig) -> dict:
 
 # --------------------------------------------------------------------------- transcript
 class TranscriptWriter:
-    """Append-only JSONL: one line per event, flushed and fsynced as it is written, so a
-    session that dies leaves every event before the crash on disk."""
+    """Append-only JSONL: one line per event, written and fsynced as it happens, so a
+    session that dies leaves every event before the crash on disk.
 
-    def __init__(self, path: Path):
+    A transcript is a convenience: when it cannot be written (no room, a home folder that
+    is a file, no permission), the writer stops, cuts off any partial line and keeps the
+    reason in ``error``; the chat goes on without it. ``take_warning`` hands that reason
+    out once, for the caller to show."""
+
+    def __init__(self, path: Path, *, failed: OSError | None = None):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self.error: str | None = None
+        self._warned = False
+        self._fd: int | None = None
+        try:
+            if failed is not None:
+                raise failed
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            self._fail(e)
 
     @classmethod
     def new(cls, directory: Path | None = None) -> "TranscriptWriter":
-        directory = Path(directory) if directory is not None else paths.transcripts_dir()
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        return cls(directory / f"chat-{stamp}-{os.getpid()}.jsonl")
+        name = f"chat-{stamp}-{os.getpid()}.jsonl"
+        if directory is None:
+            try:
+                directory = paths.transcripts_dir()
+            except OSError as e:  # the home is a file, or cannot be created
+                return cls(paths.home() / "transcripts" / name, failed=e)
+        return cls(Path(directory) / name)
+
+    def _fail(self, e: OSError) -> None:
+        self.error = describe_write_error(self.path, e)
+        self.close()
 
     def write(self, event: str, **data) -> None:
-        if self._f is None:
+        if self._fd is None:
             return
         row = {"event": event, "time": datetime.now().astimezone().isoformat(timespec="seconds"), **jsonable(data)}
-        self._f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        self._f.flush()
+        line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", errors="replace")
         try:
-            os.fsync(self._f.fileno())
-        except OSError:
-            pass
+            before = os.lseek(self._fd, 0, os.SEEK_END)
+        except OSError as e:
+            self._fail(e)
+            return
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError as e:
+            try:  # no half line left behind for a reader to choke on
+                os.ftruncate(self._fd, before)
+            except OSError:
+                pass
+            self._fail(e)
+
+    def take_warning(self) -> str | None:
+        """Why the transcript stopped, the first time this is asked after it did."""
+        if self.error is None or self._warned:
+            return None
+        self._warned = True
+        return f"warning: the chat transcript is off: {self.error}; the chat goes on without it"
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
 
 
 # --------------------------------------------------------------------------- session
@@ -236,6 +280,11 @@ class ChatSession:
         if self.transcript is not None:
             self.transcript.write(event, **data)
 
+    def take_notices(self) -> list[Notice]:
+        """Things to tell the user that happened outside a reply (the transcript stopped)."""
+        warning = self.transcript.take_warning() if self.transcript is not None else None
+        return [Notice(warning)] if warning else []
+
     @property
     def n_ctx(self) -> int:
         return min(m.n_ctx for m in (self.target, self.draft) if m is not None)
@@ -289,6 +338,7 @@ class ChatSession:
         system prompt and room for a reply, cannot fit in the context at all."""
         if self._pending is not None:
             self.interrupt()
+        check_text(text, "the message")
         alone = ([{"role": "system", "content": self.system}] if self.system else []) + [
             {"role": "user", "content": text}
         ]
@@ -315,8 +365,11 @@ class ChatSession:
                 f"dropped the {dropped} oldest message{'s' if dropped != 1 else ''} to fit the "
                 f"{self.n_ctx}-token context (the system prompt is kept)"
             )
-        # a different seed each turn: sampling is reproducible per session, not repeated per turn
-        cfg = self.cfg.replace(seed=self.cfg.seed + self.totals.turns + self.totals.interrupted)
+        # a different seed each turn: sampling is reproducible per session, not repeated per
+        # turn (a random seed stays random)
+        cfg = self.cfg
+        if cfg.seed != RANDOM_SEED:
+            cfg = cfg.replace(seed=cfg.seed + self.totals.turns + self.totals.interrupted)
         stopper = Stopper()
         self._pending = {"pieces": [], "n": 0, "mode": cfg.mode, "stopper": stopper}
         try:
@@ -452,7 +505,7 @@ class ChatSession:
         return CommandResult(True, "\n".join(lines), kind="stats", data=s)
 
     def _cmd_system(self, arg: str) -> CommandResult:
-        self.system = arg or None
+        self.system = check_text(arg, "the system prompt") or None
         self._log("system", content=self.system)
         return CommandResult(True, "system prompt set" if arg else "system prompt cleared", kind="system")
 
@@ -485,7 +538,8 @@ class ChatSession:
         try:
             path = self.save(arg or None)
         except OSError as e:
-            return CommandResult(False, f"could not save: {e.strerror or e}", kind="save")
+            where = Path(arg).expanduser() if arg else paths.home() / "transcripts"
+            return CommandResult(False, f"could not save: {describe_write_error(where, e)}", kind="save")
         return CommandResult(True, f"saved {path}", kind="save", data={"path": str(path)})
 
     def _cmd_help(self, arg: str) -> CommandResult:

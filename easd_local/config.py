@@ -33,6 +33,8 @@ def not_lossless(mode: str) -> str | None:
 # never fire and EASD would silently equal SD.
 DEFAULT_TAU_DRAFT = 0.75
 DEFAULT_TAU_TARGET = 0.6
+# As in llama.cpp, seed -1 asks for a random seed (fresh entropy for every generation).
+RANDOM_SEED = -1
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class DecodeConfig:
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
-    seed: int = 0
+    seed: int = 0  # RANDOM_SEED (-1): a fresh random seed per generation
     # speculative decoding
     gamma: int = 4
     draft_p_min: float = 0.0  # stop drafting when the draft's top probability falls below
@@ -80,6 +82,8 @@ class DecodeConfig:
             raise ConfigError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
             raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.seed < RANDOM_SEED:
+            raise ConfigError(f"seed must be >= 0, or -1 for a random seed, got {self.seed}")
         if self.gamma < 1:
             raise ConfigError(f"gamma must be >= 1, got {self.gamma}")
         if not (0.0 <= self.draft_p_min <= 1.0):

@@ -30,8 +30,18 @@ class ContextOverflowError(EasdError):
     """The prompt (or a chat message) does not fit in the context window."""
 
 
+class InvalidTextError(ConfigError):
+    """Text (a prompt, a chat line, a dataset question) that is not valid Unicode: bytes
+    that are not UTF-8, or lone surrogates from a JSON escape."""
+
+
 class RuntimeFailure(EasdError):
     """llama.cpp failed mid-run (decode error, KV rollback refused)."""
+
+
+class NonFiniteLogitsError(RuntimeFailure):
+    """A model produced NaN or infinite logits (corrupt weights, a broken quantization):
+    nothing sampled from them would mean anything."""
 
 
 class PullError(EasdError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -35,3 +36,18 @@ def write_json_atomic(path: str | Path, obj: Any) -> Path:
 
 def write_jsonl_atomic(path: str | Path, rows: Iterable[dict]) -> Path:
     return write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def describe_write_error(path: str | Path, exc: OSError) -> str:
+    """What went wrong writing ``path``, in words: in particular a folder on the way that
+    is a file (mkdir says only "File exists", open "Not a directory")."""
+    path = Path(path)
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        for parent in [path, *path.parents]:
+            if parent.exists() and not parent.is_dir():
+                if parent == path and exc.errno == errno.EEXIST:
+                    break
+                return f"{parent} is a file, not a folder"
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on the device holding {path}"
+    return f"{exc.filename or path}: {exc.strerror or exc}"

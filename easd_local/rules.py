@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import DecodeConfig
+from .config import RANDOM_SEED, DecodeConfig
 
 __all__ = [
     "entropy",
@@ -331,6 +331,11 @@ def penalize(p, token: int, lam: float, fallback=None):
             f *= f.dtype.type(1.0 / s)
             return f
     return p.copy()
+
+
+def make_rng(seed: int) -> np.random.Generator:
+    """The generator for one generation: seeded, or from fresh entropy for RANDOM_SEED."""
+    return np.random.default_rng(None if seed == RANDOM_SEED else seed)
 
 
 def sample(probs, rng: np.random.Generator) -> int:

@@ -38,6 +38,8 @@ from . import gguf_info
 from .gguf_file import check_gguf_file
 from .gguf_info import file_type_name
 from .load_errors import load_failure_reason
+from .interrupts import deferred_interrupt
+from .text import check_text
 
 try:
     import llama_cpp as _ll
@@ -475,7 +477,17 @@ class Model:
             mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         if split is not None:
             mparams.tensor_split = split
-        model = _ll.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
+        # llama.cpp logs through a Python callback while it loads, where a KeyboardInterrupt
+        # would be swallowed with a traceback: hold Ctrl-C, and stop the load at its next
+        # progress report (returning False aborts it)
+        with deferred_interrupt() as ctrl_c:
+            keep_going = _ll.llama_progress_callback(lambda _p, _u: not ctrl_c.pending)
+            mparams.progress_callback = keep_going
+            model = _ll.llama_model_load_from_file(str(self.path).encode("utf-8"), mparams)
+            if ctrl_c.pending:
+                if model:
+                    _ll.llama_model_free(model)
+                model = None
         if not model:
             raise ModelLoadError(self._load_failure_reason(sink))
         self._model = model
@@ -517,7 +529,9 @@ class Model:
             _ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else _ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         cparams.no_perf = True
-        ctx = _ll.llama_init_from_model(model, cparams)
+        with deferred_interrupt():
+            ctx = _ll.llama_init_from_model(model, cparams)
+            self._ctx = ctx or None  # close() frees it if Ctrl-C ends the load here
         self.memory = parse_buffers(sink.buffer_lines)
         if not ctx:
             reason = "; ".join(sink.errors()[-2:]) or "llama.cpp could not create a context"
@@ -644,7 +658,11 @@ class Model:
         return _ll.llama_vocab_get_text(self._vocab, token) or b""
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            check_text(text, "the text")  # raises InvalidTextError, naming the bad character
+            raise
         n_max = len(data) + 8
         buf = (_ll.llama_token * n_max)()
         n = _ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)

@@ -96,7 +96,7 @@ class _Seq:
         self.rid, self.slot, self.req, self.cfg, self.V = rid, slot, req, cfg, V
         self.mode = cfg.mode
         self.gate_on = cfg.gate_enabled
-        self.rng = np.random.default_rng(cfg.seed if req.rng_seed is None else req.rng_seed)
+        self.rng = rules.make_rng(cfg.seed if req.rng_seed is None else req.rng_seed)
         self.eog = set(main.eog_ids()) | set(req.stop_tokens)
         self.detok = Detokenizer(main)
         self.stats = Stats(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import ConfigError
+from ..text import check_text
 
 GRADERS = ("numeric", "math")
 
@@ -248,6 +249,7 @@ def load_dataset(
                 f"{source} line {lineno}: question key {q_key!r} holds a {type(question).__name__}, "
                 "expected text"
             )
+        check_text(question, f"{source} line {lineno}: the question")
         gold = gold_to_text(_field(row, a_key, lineno, source, "answer"), gsm8k_hash=True)
         raw_id = next((row[k] for k in _ID_KEYS if row.get(k) not in (None, "")), None)
         suffix = _id_suffix(raw_id) if raw_id is not None else f"{index:05d}"

@@ -31,6 +31,10 @@ class _Input:
 
     def __init__(self) -> None:
         self.tty = sys.stdin.isatty()
+        # bytes that are not UTF-8 reach the session as surrogates, which it refuses with a
+        # message, instead of a UnicodeDecodeError ending the chat
+        if hasattr(sys.stdin, "reconfigure"):
+            sys.stdin.reconfigure(errors="surrogateescape")
         if self.tty:
             try:
                 import readline  # noqa: F401  (line editing and history for input())
@@ -130,10 +134,16 @@ def _run_turn(session: ChatSession, text: str, writer: _Writer) -> None:
         _note(status_line(reply.stats))
 
 
+def _notices(session: ChatSession) -> None:
+    for n in session.take_notices():
+        _note(n.text, "yellow")
+
+
 def _loop(session: ChatSession, show_origin: bool) -> None:
     reader = _Input()
     writer = _Writer(show_origin)
     while True:
+        _notices(session)
         try:
             text = reader.read()
         except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import EasdError
+from ..interrupts import EXIT_INTERRUPTED, raise_on_interrupt
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -36,6 +37,7 @@ def friendly(fn):
         from ..runtime import set_fatal_handler
 
         set_fatal_handler(_fatal)
+        raise_on_interrupt()  # the command handles Ctrl-C from here on
         try:
             return fn(*args, **kwargs)
         except EasdError as e:
@@ -43,7 +45,7 @@ def friendly(fn):
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
-            raise typer.Exit(130) from None
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except BrokenPipeError:
             # stdout closed (e.g. piped into `head`): nothing more to say
             try:

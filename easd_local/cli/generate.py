@@ -22,6 +22,7 @@ from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import DownloadUI
 from ..fsutil import write_jsonl_atomic
+from ..text import check_text, decode_input
 from .progress import spinner, until_first
 from .render import LEGEND, ORIGIN_STYLE, placement, placement_text, run_settings, status_line, trace_rows
 
@@ -54,7 +55,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
         topts, dopts = o.llama_options(kw)
         if prompt == "-":
-            prompt = sys.stdin.read()
+            prompt = decode_input(sys.stdin.buffer.read(), "the prompt read from standard input")
+        check_text(prompt, "the prompt")
+        if system is not None:
+            check_text(system, "the system message")
         with DownloadUI(yes) as dl:
             spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
         if mode is None:

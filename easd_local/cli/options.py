@@ -85,7 +85,7 @@ class DecodeOpts:
                                shown=_num(d.temperature), metavar="T")
         self.top_k = opt(int, "--top-k", help="Top-k sampling (0 = off).", shown=d.top_k, metavar="K")
         self.top_p = opt(float, "--top-p", help="Top-p sampling (1 = off).", shown=_num(d.top_p), metavar="P")
-        self.seed = opt(int, "--seed", "-s", help="Random seed.", shown=d.seed, metavar="N")
+        self.seed = opt(int, "--seed", "-s", help="Random seed (-1: a random one).", shown=d.seed, metavar="N")
         self.gamma = opt(int, "--gamma", "--draft-max", help="Draft tokens per verify (llama.cpp: --draft-max).",
                          shown=d.gamma, metavar="N")
         self.draft_p_min = opt(float, "--draft-p-min", help="Stop drafting when the draft's top probability is below this.",

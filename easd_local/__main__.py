@@ -1,0 +1,32 @@
+"""The ``easd-local`` console script and ``python -m easd_local``.
+
+Ctrl-C is turned into one line and exit status 130 here, before the heavy imports: typer,
+rich, numpy and llama.cpp take most of a second to import, and a Ctrl-C in that second
+would otherwise print a KeyboardInterrupt traceback (see ``interrupts``). The commands
+handle Ctrl-C themselves once they run; the ``except`` is the net under them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .interrupts import EXIT_INTERRUPTED, exit_on_interrupt
+
+
+def main() -> None:
+    exit_on_interrupt()
+    try:
+        from .cli import main as cli_main
+
+        cli_main()
+    except KeyboardInterrupt:
+        try:
+            sys.stderr.write("interrupted\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        sys.exit(EXIT_INTERRUPTED)
+
+
+if __name__ == "__main__":
+    main()

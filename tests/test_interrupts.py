@@ -1,0 +1,86 @@
+"""Ctrl-C at any moment of a command's start (imports, argument parsing, model loading,
+first tokens) ends in one line and exit status 130, never a traceback (issue 13, item 6).
+
+Real processes on the tiny pair; SIGINT is sent at delays spread over the first second."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import sys
+import time
+
+import pytest
+
+# What the console script does (``from easd_local.__main__ import main; main()``), plus one
+# byte on stderr when the interpreter itself has started: Python's own start-up (site, .pth
+# files) is no part of this program, and a signal there is Python's business.
+LAUNCHER = "import sys; from easd_local.__main__ import main; sys.stderr.write('>'); sys.stderr.flush(); main()"
+
+
+def _interrupt_after(args: list[str], delay: float, stdin=subprocess.DEVNULL) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    p = subprocess.Popen([sys.executable, "-c", LAUNCHER, *args], stdin=stdin, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, env=env)
+    try:
+        assert p.stderr.read(1) == b">"
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        err = p.stderr.read().decode(errors="replace")
+        return p.wait(timeout=60), err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_ctrl_c_while_starting_is_one_line(command, tiny_draft, tiny_target, tmp_path):
+    args = [command, *(["Tell me a long story"] if command == "generate" else []),
+            "--draft", str(tiny_draft), "--target", str(tiny_target), "--max-tokens", "4000", "--ctx", "4096",
+            "--threads", "1"]
+    os.environ.setdefault("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    stdin = subprocess.PIPE if command == "chat" else subprocess.DEVNULL
+    for delay in (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 0.9):
+        rc, err = _interrupt_after(args, delay, stdin=stdin)
+        assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        if command == "chat" and rc == 0:
+            # the chat had started and was waiting for a message: Ctrl-C there leaves it
+            assert lines[0].startswith("easd-local chat · "), (delay, err)
+            continue
+        assert rc == 130, (delay, rc, err)
+        assert lines and lines[-1] == "interrupted", (delay, err)
+
+
+def test_ctrl_c_while_llama_cpp_loads_is_raised_after_the_call(tiny_target, capfd):
+    """llama.cpp logs through a Python callback while it loads; a KeyboardInterrupt raised
+    in there would be printed as "Exception ignored" and lost. Loading again and again until
+    a SIGINT lands, it must come out of Model() as a plain KeyboardInterrupt."""
+    from easd_local.runtime import LoadOptions, Model
+
+    for attempt in range(5):
+        timer = threading.Timer(0.02 + 0.01 * attempt, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(10_000):
+                Model(tiny_target, LoadOptions(n_ctx=64, n_threads=1)).close()
+        timer.join()
+    err = capfd.readouterr().err
+    assert "Exception ignored" not in err and "Traceback" not in err, err
+
+
+def test_deferred_interrupt_holds_ctrl_c_until_the_block_ends():
+    from easd_local.interrupts import deferred_interrupt
+
+    reached_end = False
+    with pytest.raises(KeyboardInterrupt):
+        with deferred_interrupt() as state:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler has run by now
+            assert state.pending
+            reached_end = True
+    assert reached_end
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -1,0 +1,197 @@
+"""Bad input a user can feed the CLI ends in one clear line (or a clean return to the chat
+prompt), never a traceback: unwritable transcripts, seeds, text that is not UTF-8 (issue 13,
+items 1, 3 and 4). Real llama.cpp on the tiny pair."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from easd_local.chat import CHAT_DEFAULTS, ChatSession, TranscriptWriter
+from easd_local.cli import app
+from easd_local.errors import ConfigError, InvalidTextError
+from easd_local.pair import open_models
+from easd_local.runtime import LoadOptions, Model
+
+runner = CliRunner()
+
+
+def _one_clean_line(output: str) -> None:
+    assert "Traceback" not in output
+    errors = [ln for ln in output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1, output
+
+
+def _replies(stderr: str) -> int:
+    """How many chat replies ended with a status line."""
+    return len(re.findall(r"\d+ tokens · [\d.]+ tok/s", stderr))
+
+
+def _chat(draft, target, *extra, input):
+    return runner.invoke(app, ["chat", "--draft", str(draft), "--target", str(target), "--threads", "1",
+                               "--ctx", "512", "--max-tokens", "6", *extra], input=input)
+
+
+# ------------------------------------------------------------------ 1. transcripts
+
+
+def test_chat_goes_on_when_the_home_is_a_file(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    home = tmp_path / "not-a-folder"
+    home.write_text("x")
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(home))
+    r = _chat(tiny_draft, tiny_target, input="hello\nagain\n")
+    assert r.exit_code == 0, r.output
+    assert "Traceback" not in r.output
+    assert r.stderr.count("the chat transcript is off") == 1  # warned once
+    assert f"{home} is a file, not a folder" in r.stderr
+    assert _replies(r.stderr) == 2  # both messages were answered
+
+
+def test_transcript_on_a_full_disk_warns_once_and_chat_goes_on(tiny_draft, tiny_target):
+    with open_models(tiny_draft, tiny_target, LoadOptions(n_ctx=512, n_threads=1)) as pair:
+        s = ChatSession(pair.target, pair.draft, CHAT_DEFAULTS.replace(max_tokens=4), n_vocab=pair.n_vocab,
+                        transcript=TranscriptWriter(Path("/dev/full")))  # every write: ENOSPC
+        notices = s.take_notices()
+        assert len(notices) == 1 and "no space left" in notices[0].text
+        for _ in range(2):
+            events = list(s.send("hi"))
+            assert events[-1].stats is not None
+        assert s.take_notices() == []
+        assert [m.role for m in s.messages] == ["user", "assistant", "user", "assistant"]
+        s.close()
+
+
+def test_transcript_never_keeps_half_a_line(tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    w = TranscriptWriter(path)
+    w.write("user", content="first")
+    real_write = os.write
+
+    def half_then_full(fd, data):  # the disk fills up in the middle of a line
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    w.write("user", content="second, much longer " * 10)
+    monkeypatch.setattr(os, "write", real_write)
+    w.write("user", content="third")  # the writer has stopped
+    w.close()
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert [r["content"] for r in rows] == ["first"]
+    assert "no space left" in w.take_warning()
+
+
+def test_save_under_a_file_names_the_file(tiny_target, tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    with open_models(None, tiny_target, LoadOptions(n_ctx=256, n_threads=1)) as pair:
+        s = ChatSession(pair.target, None, CHAT_DEFAULTS.replace(mode="target"), n_vocab=pair.n_vocab)
+        res = s.command(f"/save {blocker}/sub/chat.json")
+    assert not res.ok
+    assert res.message == f"could not save: {blocker} is a file, not a folder"
+
+
+# ------------------------------------------------------------------ 3. seeds
+
+
+def test_seed_below_minus_one_is_refused_before_loading(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    for cmd in (["generate", "hi"], ["chat"]):
+        r = runner.invoke(app, [*cmd, "--seed", "-2", "--draft", str(missing), "--target", str(missing)])
+        assert r.exit_code == 2, r.output
+        assert "seed must be >= 0, or -1 for a random seed, got -2" in r.output
+        assert "file not found" not in r.output
+    with pytest.raises(ConfigError):
+        CHAT_DEFAULTS.replace(seed=-5)
+
+
+def test_seed_minus_one_means_random(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    texts = set()
+    for _ in range(3):
+        r = runner.invoke(app, ["generate", "Tell me", "--seed", "-1", "--temperature", "1.5", "--max-tokens", "24",
+                                "--raw", "--json", "--mode", "sd", "--draft", str(tiny_draft),
+                                "--target", str(tiny_target), "--threads", "1", "--ctx", "256"])
+        assert r.exit_code == 0, r.output
+        texts.add(json.loads(r.stdout.strip().splitlines()[-1])["text"])
+    assert len(texts) > 1  # 24 tokens at T=1.5 from three fresh seeds: equal texts would mean a fixed seed
+    r = _chat(tiny_draft, tiny_target, "--seed", "-1", input="hello\n/set seed 3\n/set seed -1\nhello\n")
+    assert r.exit_code == 0, r.output
+    assert "seed = -1" in r.stderr and _replies(r.stderr) == 2
+
+
+# ------------------------------------------------------------------ 4. not UTF-8
+
+
+def test_generate_refuses_bad_utf8_in_argv_and_stdin(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    base = ["--draft", str(tiny_draft), "--target", str(tiny_target), "--threads", "1", "--max-tokens", "4"]
+    # argv: Python hands a byte that is not UTF-8 over as a surrogate (surrogateescape)
+    r = runner.invoke(app, ["generate", "caf\udcff au lait", *base])
+    assert r.exit_code == 2
+    _one_clean_line(r.output)
+    assert "the prompt is not valid UTF-8: byte 0xff at character 4" in r.output
+    r = runner.invoke(app, ["generate", "-", *base], input=b"caf\xe9\n")
+    assert r.exit_code == 2
+    _one_clean_line(r.output)
+    assert "standard input is not valid UTF-8: byte 0xe9" in r.output
+    r = runner.invoke(app, ["generate", "hi", "--system", "\ud800", *base])
+    assert r.exit_code == 2 and "lone surrogate U+D800" in r.output
+    # a real process, with the bytes in its argv
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.run([sys.executable, "-m", "easd_local", "generate", b"caf\xffe", *base],
+                       capture_output=True, env=env, timeout=120)
+    assert p.returncode == 2, p.stderr
+    _one_clean_line(p.stderr.decode())
+
+
+def test_chat_refuses_a_bad_line_and_goes_on(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    r = _chat(tiny_draft, tiny_target, input=b"caf\xe9 au lait\n/system \xff\nhello\n")
+    assert r.exit_code == 0, r.output
+    assert "Traceback" not in r.output
+    assert "the message is not valid UTF-8: byte 0xe9 at character 4" in r.stderr
+    assert "the system prompt is not valid UTF-8" in r.stderr
+    assert _replies(r.stderr) == 1  # the good line was answered
+
+
+def test_runtime_tokenize_refuses_surrogates(tiny_target):
+    with Model(tiny_target, vocab_only=True) as m:
+        with pytest.raises(InvalidTextError, match="lone surrogate U\\+DFFF at character 2"):
+            m.tokenize("a\udfff")
+
+
+def test_dataset_question_with_a_lone_surrogate(tmp_path, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"q": "fine", "a": "1"}\n{"q": "bad \\ud800 one", "a": "2"}\n', encoding="utf-8")
+    missing = tmp_path / "nope.gguf"  # the dataset is checked before any model is looked for
+    r = runner.invoke(app, ["bench", "--dataset", str(data), "--question-key", "q", "--answer-key", "a",
+                            "--draft", str(missing), "--target", str(missing), "--out", str(tmp_path / "r.jsonl")])
+    assert r.exit_code == 2, r.output
+    _one_clean_line(r.output)
+    assert "line 2: the question is not valid UTF-8: lone surrogate U+D800" in r.output
+    r = runner.invoke(app, ["calibrate", "--dataset", str(data), "--question-key", "q",
+                            "--draft", str(missing), "--target", str(missing)])
+    assert r.exit_code == 2, r.output
+    assert "line 2: the question is not valid UTF-8" in r.output
+
+
+def test_calibrate_says_what_a_question_field_holds(tmp_path, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"question": ["a", "list"]}\n', encoding="utf-8")
+    missing = tmp_path / "nope.gguf"
+    r = runner.invoke(app, ["calibrate", "--dataset", str(data), "--draft", str(missing), "--target", str(missing)])
+    assert r.exit_code == 2, r.output
+    assert "line 1: field 'question' holds a JSON array, expected text" in r.output
+    data.write_text('{"text": "hi"}\n', encoding="utf-8")
+    r = runner.invoke(app, ["calibrate", "--dataset", str(data), "--draft", str(missing), "--target", str(missing)])
+    assert "line 1 has no field 'question' (give --question-key; found: text)" in r.output
