@@ -259,11 +259,9 @@ class ChatSession:
         self.totals = SessionTotals()
         self._pending: dict | None = None  # the reply being generated
         self._template_model = target if target is not None else draft
-        if self._template_model.chat_template() is None:
-            raise ConfigError(
-                f"{self._template_model.path.name} has no chat template in its GGUF metadata; "
-                "chat needs one (use `generate --raw` for plain completion)"
-            )
+        broken = self._template_model.chat_template_error()
+        if broken is not None:  # before the first message, not at it
+            raise ConfigError(f"{broken}; chat needs one (use `generate --raw` for plain completion)")
         self._log(
             "session_start",
             pair=label,

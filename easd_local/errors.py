@@ -26,6 +26,11 @@ class ConfigError(EasdError):
     """A parameter value is out of range; raised before any model loads."""
 
 
+class ChatTemplateError(ConfigError):
+    """A model's chat template is missing, does not compile or fails to render; the
+    message says which, and each command adds what the user can do about it."""
+
+
 class ContextOverflowError(EasdError):
     """The prompt (or a chat message) does not fit in the context window."""
 

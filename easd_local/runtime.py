@@ -33,7 +33,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from . import rpc as _rpc
-from .errors import ConfigError, ContextOverflowError, ModelLoadError, RpcError, RuntimeFailure
+from .errors import (ChatTemplateError, ConfigError, ContextOverflowError, ModelLoadError, NonFiniteLogitsError,
+                     RpcError, RuntimeFailure)
 from . import gguf_info
 from .gguf_file import check_gguf_file
 from .gguf_info import file_type_name
@@ -159,6 +160,7 @@ class ModelFacts:
     chat_template: bool
     recurrent: bool
     tensor_types: dict[str, int] = field(default_factory=dict)  # filled by tensor_type_histogram
+    chat_template_error: str | None = None  # the template is there but cannot be used
 
 
 _VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
@@ -446,6 +448,12 @@ def placement(layer_devices: Sequence[str]) -> dict[str, int]:
     return {(d.label(name) if d is not None else name): n for name, n in Counter(layer_devices).items()}
 
 
+def _one_line(e: Exception) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    line = getattr(e, "lineno", None)
+    return f"{type(e).__name__}: {text}" + (f" (template line {line})" if line else "")
+
+
 # --------------------------------------------------------------------------- the model
 class Model:
     """A loaded GGUF model with one llama.cpp context holding ``n_seq`` sequences.
@@ -620,6 +628,7 @@ class Model:
             file_type=file_type_name(int(ftype)) if ftype and ftype.isdigit() else (ftype or "unknown"),
             description=desc.value.decode("utf-8", errors="replace").strip() or "-",
             chat_template=self.chat_template() is not None,
+            chat_template_error=self.chat_template_error() if self.chat_template() is not None else None,
             recurrent=self.recurrent,
             tensor_types=tensor_type_histogram(self.path) if with_tensor_types else {},
         )
@@ -688,16 +697,14 @@ class Model:
     def streamer(self) -> "Detokenizer":
         return Detokenizer(self)
 
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        """Render messages with the GGUF's own chat template (llama-cpp-python's Jinja2
-        formatter, the same one llama-cpp-python's chat completion uses)."""
+    def _formatter_for(self, add_generation_prompt: bool):
+        """llama-cpp-python's Jinja2 formatter for the GGUF's template (compiled once);
+        ConfigError when there is none or it does not compile."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         template = self.chat_template()
         if not template:
-            from .errors import ConfigError
-
-            raise ConfigError(f"{self.path.name} has no chat template in its GGUF metadata; use --raw")
+            raise ChatTemplateError(f"{self.path.name} has no chat template in its GGUF metadata")
         if not hasattr(self, "_formatter"):
             bos = self.token_to_piece(self.bos_id, special=True).decode("utf-8", "replace") if self.bos_id >= 0 else ""
             eos = self.token_to_piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else ""
@@ -706,15 +713,32 @@ class Model:
         key = add_generation_prompt
         if key not in self._formatter:
             eos, bos = self._fmt_tokens
-            self._formatter[key] = Jinja2ChatFormatter(
-                template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
-            )
-        try:
-            return self._formatter[key](messages=messages).prompt
-        except Exception as e:  # jinja errors from a template we did not write
-            from .errors import ConfigError
+            try:
+                self._formatter[key] = Jinja2ChatFormatter(
+                    template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
+                )
+            except Exception as e:  # jinja2's TemplateSyntaxError and kin, from a template we did not write
+                raise ChatTemplateError(
+                    f"{self.path.name}: the chat template in its GGUF metadata is broken ({_one_line(e)})"
+                ) from None
+        return self._formatter[key]
 
-            raise ConfigError(f"{self.path.name}: chat template failed to render: {e}") from None
+    def chat_template_error(self) -> str | None:
+        """Why the GGUF's chat template cannot be used (missing, does not compile), or None."""
+        try:
+            self._formatter_for(True)
+        except ChatTemplateError as e:
+            return str(e)
+        return None
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        """Render messages with the GGUF's own chat template (llama-cpp-python's Jinja2
+        formatter, the same one llama-cpp-python's chat completion uses)."""
+        formatter = self._formatter_for(add_generation_prompt)
+        try:
+            return formatter(messages=messages).prompt
+        except Exception as e:  # jinja errors from a template we did not write
+            raise ChatTemplateError(f"{self.path.name}: the chat template failed to render ({_one_line(e)})") from None
 
     def chat_tokens(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
         text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
@@ -876,7 +900,12 @@ class Model:
                 ptr = _ll.llama_get_logits_ith(self._ctx, j)
                 if not ptr:
                     raise RuntimeFailure(f"{self.path.name}: llama.cpp returned no logits for batch index {j}")
-                outs[k][row] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                z = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                if not np.isfinite(z).all():
+                    for kk, pp in enumerate(parts):  # every sequence as it was, as for a failed decode
+                        self._seq_rm(pp.seq, starts[kk])
+                    self._non_finite()
+                outs[k][row] = z
         for p in parts:
             self._seqs[p.seq].extend(p.tokens)
         result = []
@@ -885,6 +914,16 @@ class Model:
             order = [want.index((i + n) if i < 0 else i) for i in p.logits_at]
             result.append(out if order == list(range(len(want))) else out[order])
         return result
+
+
+    def _non_finite(self) -> None:
+        # Corrupt weights (flipped bytes, a broken quantization) give NaN or inf logits;
+        # sampling from them fails and greedy argmax silently emits token 0. Checked where
+        # every logits row leaves llama.cpp.
+        raise NonFiniteLogitsError(
+            f"{self.path}: the model produced NaN or infinite logits; its weights look corrupt "
+            "(re-download or re-convert the file)"
+        )
 
 
 class Detokenizer:

@@ -195,3 +195,31 @@ def test_calibrate_says_what_a_question_field_holds(tmp_path, monkeypatch):
     data.write_text('{"text": "hi"}\n', encoding="utf-8")
     r = runner.invoke(app, ["calibrate", "--dataset", str(data), "--draft", str(missing), "--target", str(missing)])
     assert "line 1 has no field 'question' (give --question-key; found: text)" in r.output
+
+
+# ------------------------------------------------------------------ 11. misleading messages
+
+
+def test_report_tells_a_torn_line_from_a_corrupt_one(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"q": "1 + 1?", "a": "2"}) + "\n")
+    out = tmp_path / "r.jsonl"
+    args = ["bench", "--dataset", str(data), "--question-key", "q", "--answer-key", "a", "--modes", "target",
+            "--target", str(tiny_target), "--max-tokens", "2", "--threads", "1", "--ctx", "128", "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    good = out.read_text()
+    # a garbage line that ends in a newline was written whole: corrupt, and --resume says so too
+    out.write_text(good + "garbage\n")
+    r = runner.invoke(app, ["bench", "report", str(out)])
+    assert r.exit_code == 2
+    _one_clean_line(r.output)
+    assert "r.jsonl line 2 is not valid JSON" in r.output and "--resume" not in r.output
+    r = runner.invoke(app, [*args, "--resume"])
+    assert r.exit_code == 2 and "line 2 is not valid JSON" in r.output
+    # cut off mid-write (no newline): skipped, and --resume does redo it
+    out.write_text(good + good[: len(good) // 2])
+    r = runner.invoke(app, ["bench", "report", str(out)])
+    assert r.exit_code == 0 and "cut off mid-write" in r.stderr
+    r = runner.invoke(app, [*args, "--resume"])
+    assert r.exit_code == 0 and "removed a torn last line" in r.stderr

@@ -72,8 +72,9 @@ class Results(list):
 def load_results(path: str | Path) -> Results:
     """Load and validate a JSON-lines results file.
 
-    A last line that is not valid JSON (the runner died mid-write) is skipped and counted
-    in ``.torn_lines``; any other bad line raises ConfigError naming its line number.
+    An unterminated last line that is not valid JSON (the runner died mid-write) is skipped
+    and counted in ``.torn_lines``; any other bad line raises ConfigError naming its line
+    number (the same rule ``runner.ResultsFile`` applies when resuming).
     """
     p = Path(path).expanduser()
     if not p.is_file():
@@ -91,8 +92,11 @@ def load_results(path: str | Path) -> Results:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            if pos == len(numbered) - 1:
-                torn += 1  # cut off mid-write: the run can be resumed, the row is lost
+            if pos == len(numbered) - 1 and not text.endswith("\n"):
+                # cut off mid-write (the writer ends every row with a newline): the run can
+                # be resumed, which cuts this away and computes the row again. A bad line
+                # that does end in a newline was written whole: the file is corrupt
+                torn += 1
                 continue
             raise ConfigError(f"{where} is not valid JSON ({exc.msg}); the file is corrupt") from None
         rows.append(validate_row(row, where))

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 from .. import decoding, provenance
 from ..config import DecodeConfig, field_name, parse_value
 from ..modes import MODES, models_needed
-from ..errors import ConfigError, RuntimeFailure
+from ..errors import ConfigError, NonFiniteLogitsError, RuntimeFailure
 from ..near_ties import gate_margin
 from ..pair import open_models
 from ..provenance import Environment
@@ -371,13 +371,20 @@ class RowDone:
 
 @dataclass(frozen=True)
 class Skipped:
-    """A problem no method of ``pair`` can run; its rows are not written."""
+    """Rows of a problem that could not be computed (every method of ``pair`` when its
+    prompt does not fit; one method when a model gave non-finite logits); they are not
+    written, so a resumed run tries them again."""
 
     pair: str
     problem: Problem
     reason: str  # the same text for every problem skipped for one cause: summaries group by it
     detail: str  # this problem's own figures ("its prompt is 812 tokens")
     rows: int  # rows of the plan left uncomputed
+    hint: str = ""  # what to do about it, the same for every skip of one reason
+
+
+NON_FINITE_REASON = "a model produced NaN or infinite logits"
+NON_FINITE_HINT = "re-download or re-convert the model file named above, then rerun with --resume"
 
 
 Event = Started | PairLoading | PairLoaded | Working | RowDone | Skipped
@@ -387,13 +394,18 @@ def context_reason(n_ctx: int) -> str:
     return f"prompt longer than the context ({n_ctx} tokens)"
 
 
+CONTEXT_HINT = "rerun with --resume and a larger --ctx to compute them"
+
+
 def skip_summary(skips: Sequence[Skipped]) -> list[str]:
     """One line per reason, e.g. "2 problems skipped: prompt longer than the context (4096
     tokens)"; a problem skipped on several pairs counts once."""
     by_reason: dict[str, set[tuple[str, str]]] = {}
     for s in skips:
         by_reason.setdefault(s.reason, set()).add((s.problem.dataset, s.problem.qid))
-    return [f"{len(p)} problem{'s' if len(p) != 1 else ''} skipped: {reason}" for reason, p in by_reason.items()]
+    hints = {s.reason: s.hint for s in skips}
+    return [f"{len(p)} problem{'s' if len(p) != 1 else ''} skipped: {reason}"
+            + (f" ({hints[reason]})" if hints[reason] else "") for reason, p in by_reason.items()]
 
 
 def _describe_change(old: dict, new: dict) -> str:
@@ -483,6 +495,9 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                              plan.parallel, n_ctx)
             # the prompt goes through the target's chat template (the draft's when no target)
             main = models.target if models.target is not None else models.draft
+            broken = main.chat_template_error()
+            if broken is not None:
+                raise ConfigError(f"pair {pr.label}: {broken}; bench renders every question with it")
             ready: list[tuple[Problem, list[int], list[MethodRun]]] = []
             for prob, runs in todo:
                 prompt = main.chat_tokens(build_messages(prob.question))
@@ -490,7 +505,7 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                 # context loaded, so that every method skips it
                 if not decoding.fits_context(len(prompt), n_ctx):
                     detail = f"its prompt is {len(prompt)} tokens"
-                    yield Skipped(pr.label, prob, context_reason(n_ctx), detail, len(runs))
+                    yield Skipped(pr.label, prob, context_reason(n_ctx), detail, len(runs), CONTEXT_HINT)
                     continue
                 ready.append((prob, prompt, runs))
             sched = Scheduler(models, plan.parallel)
@@ -521,6 +536,13 @@ def _run_method(sched: Scheduler, pr: PairMethods, run: MethodRun, items, prov: 
             inflight[rid] = (prob, seed)
         for rid, ev in sched.step():
             if isinstance(ev, Failed):
+                if isinstance(ev.error, NonFiniteLogitsError):
+                    # a model's weights are broken: no row, and the run goes on
+                    prob, _seed = inflight.pop(rid)
+                    events.pop(rid, None)
+                    yield Skipped(pr.label, prob, NON_FINITE_REASON, f"{run.method.name}: {ev.error}", 1,
+                                  NON_FINITE_HINT)
+                    continue
                 raise ev.error if ev.error is not None else RuntimeFailure(ev.message)
             if not isinstance(ev, decoding.Finished):
                 events.setdefault(rid, []).append(ev)

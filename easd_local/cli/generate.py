@@ -14,6 +14,7 @@ from .. import provenance
 from ..chat import auto_mode
 from ..config import DecodeConfig, not_lossless
 from ..runtime import gpu_offload_supported
+from ..errors import ChatTemplateError, ConfigError
 from ..decoding import Finished, generate as decode_stream
 from ..near_ties import gate_margin
 from ..pair import open_models
@@ -78,7 +79,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             cfg.validate(models.n_vocab)
             if chat:
                 msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-                tokens = main.chat_tokens(msgs)
+                try:
+                    tokens = main.chat_tokens(msgs)
+                except ChatTemplateError as e:
+                    raise ConfigError(f"{e}; use --raw to prompt without it") from None
             else:
                 tokens = main.tokenize(prompt, add_special=True, parse_special=False)
             if show_origin and not json_out:
