@@ -699,7 +699,7 @@ class Model:
 
     def _formatter_for(self, add_generation_prompt: bool):
         """llama-cpp-python's Jinja2 formatter for the GGUF's template (compiled once);
-        ConfigError when there is none or it does not compile."""
+        ChatTemplateError when there is none or it does not compile."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         template = self.chat_template()
