@@ -37,11 +37,11 @@ def _interrupt_after(args: list[str], delay: float, stdin=subprocess.DEVNULL) ->
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])
-def test_ctrl_c_while_starting_is_one_line(command, tiny_draft, tiny_target, tmp_path):
+def test_ctrl_c_while_starting_is_one_line(command, tiny_draft, tiny_target, tmp_path, monkeypatch):
     args = [command, *(["Tell me a long story"] if command == "generate" else []),
             "--draft", str(tiny_draft), "--target", str(tiny_target), "--max-tokens", "4000", "--ctx", "4096",
             "--threads", "1"]
-    os.environ.setdefault("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))  # chat's transcript goes there
     stdin = subprocess.PIPE if command == "chat" else subprocess.DEVNULL
     for delay in (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 0.9):
         rc, err = _interrupt_after(args, delay, stdin=stdin)
