@@ -15,9 +15,12 @@ import time
 import pytest
 
 # What the console script does (``from easd_local.__main__ import main; main()``), plus one
-# byte on stderr when the interpreter itself has started: Python's own start-up (site, .pth
-# files) is no part of this program, and a signal there is Python's business.
-LAUNCHER = "import sys; from easd_local.__main__ import main; sys.stderr.write('>'); sys.stderr.flush(); main()"
+# byte on stderr once the Ctrl-C handler is in place: main() installs it as its first
+# statement (test_main_installs_the_handler_first); a signal before that lands in Python's own
+# start-up (site, .pth files) or in the few bytecodes before main's first line, which no
+# program can guard, and which a test could only hit by a race.
+LAUNCHER = ("import sys; from easd_local.__main__ import main; from easd_local.interrupts import exit_on_interrupt; "
+            "exit_on_interrupt(); sys.stderr.write('>'); sys.stderr.flush(); main()")
 
 
 def _interrupt_after(args: list[str], delay: float, stdin=subprocess.DEVNULL) -> tuple[int, str]:
@@ -84,3 +87,21 @@ def test_deferred_interrupt_holds_ctrl_c_until_the_block_ends():
             reached_end = True
     assert reached_end
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_main_installs_the_handler_first(monkeypatch):
+    """The heavy imports (the whole CLI) happen with the one-line handler in force."""
+    import types
+
+    import easd_local.__main__ as entry
+    from easd_local import interrupts
+
+    seen = {}
+    fake_cli = types.ModuleType("easd_local.cli")
+    fake_cli.main = lambda: seen.setdefault("handler", signal.getsignal(signal.SIGINT))
+    monkeypatch.setitem(sys.modules, "easd_local.cli", fake_cli)
+    try:
+        entry.main()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert seen["handler"] is interrupts._exit_now
