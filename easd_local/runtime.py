@@ -563,15 +563,18 @@ class Model:
         return load_failure_reason(self.path, self.path.stat().st_size, sink.errors(), tail)
 
     def close(self) -> None:
-        if self._batch is not None:
-            _ll.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            _ll.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            _ll.llama_model_free(self._model)
-            self._model = None
+        # Each handle is taken off the object before it is freed: a Ctrl-C between the two
+        # steps then leaks it, where the other order would free it again from __del__ (a
+        # double free: a segfault)
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            _ll.llama_batch_free(batch)
+        ctx, self._ctx = self._ctx, None
+        if ctx:
+            _ll.llama_free(ctx)
+        model, self._model = self._model, None
+        if model:
+            _ll.llama_model_free(model)
 
     def __enter__(self) -> "Model":
         return self
