@@ -105,10 +105,6 @@ def test_bench_skips_what_nan_logits_spoil(broken, tiny_draft, tiny_target, tmp_
 
 def test_broken_chat_template_is_one_line_everywhere(broken, tiny_draft, tmp_path):
     bad = broken["bad_template"]
-    r = runner.invoke(app, ["models", "inspect", str(bad)])
-    assert r.exit_code == 0, r.output
-    assert "broken" in r.stdout and "TemplateSyntaxError" in r.stdout  # it said "chat template: yes"
-
     common = ["--draft", str(tiny_draft), "--target", str(bad), "--threads", "1", "--ctx", "256", "--max-tokens", "4"]
     r = runner.invoke(app, ["generate", "hello", *common])
     assert r.exit_code == 2

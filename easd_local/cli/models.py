@@ -68,8 +68,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             ("tensor types", ", ".join(f"{k}×{v}" for k, v in f.tensor_types.items())),
             ("vocabulary", f"{f.n_vocab:,} tokens ({f.vocab_type})"),
             ("context (trained)", f"{f.n_ctx_train:,}"),
-            ("chat template", ("broken: " + f.chat_template_error if f.chat_template_error else "yes")
-             if f.chat_template else "no"),
+            ("chat template", "yes" if f.chat_template else "no"),
             ("KV rollback", "no (recurrent/hybrid)" if f.recurrent else "yes"),
             ("GGUF version", str(f.version)),
         ]
