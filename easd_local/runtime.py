@@ -24,6 +24,7 @@ import codecs
 import ctypes
 import os
 import re
+import secrets
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -744,9 +745,99 @@ class Model:
             raise ChatTemplateError(f"{self.path.name}: the chat template failed to render ({_one_line(e)})") from None
 
     def chat_tokens(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+        """The rendered conversation as tokens, where only the template's own markers are
+        special: text inside a message that spells a control token (``<|im_end|>``) stays
+        text, so a message cannot close its turn and open a system turn of its own.
+
+        The template is rendered once more with each message's text replaced by a unique
+        placeholder, which tells the template's text from the messages'. Control tokens are
+        then split out of the template's text only, the way llama.cpp splits them (longest
+        first; LSTRIP/RSTRIP whitespace), and each run of text between two of them is
+        tokenized in one piece without special-token parsing, as llama.cpp tokenizes its
+        text fragments, so a conversation with no marker in its messages gets exactly the
+        tokens of tokenizing the whole rendering with special-token parsing on."""
         text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        # the template already wrote BOS where the model wants it
-        return self.tokenize(text, add_special=False, parse_special=True)
+        segments = self._message_segments(messages, text, add_generation_prompt)
+        pieces: list[str | int] = []  # text runs and control-token ids
+        for seg, is_message in segments:
+            pieces.extend([seg] if is_message else self._split_control_tokens(seg))
+        # the template already wrote BOS where the model wants it: add_special=False
+        return self._tokenize_pieces(pieces)
+
+    def _message_segments(self, messages: list[dict], text: str, add_generation_prompt: bool) -> list[tuple[str, bool]]:
+        """``text`` cut into (piece, is a message's text) by rendering placeholders."""
+        marks = [f"\ue000{secrets.token_hex(6)}-{i}\ue001" for i in range(len(messages))]
+        masked = [{**m, "content": marks[i]} if isinstance(m.get("content"), str) else m
+                  for i, m in enumerate(messages)]
+        rendered = self.apply_chat_template(masked, add_generation_prompt=add_generation_prompt)
+        index = {mark: i for i, mark in enumerate(marks)}
+        parts = re.split("(" + "|".join(map(re.escape, marks)) + ")", rendered)
+        segments = [(messages[index[p]]["content"], True) if j % 2 else (p, False) for j, p in enumerate(parts)]
+        if "".join(seg for seg, _ in segments) == text:
+            return segments
+        # The template changed a message's text (trimmed it, say), so the placeholders do
+        # not line up. Without a marker in any message the plain rendering is safe.
+        if not any(isinstance(m.get("content"), str) and self._split_control_tokens(m["content"]) != [m["content"]]
+                   for m in messages):
+            return [(text, False)]
+        raise ChatTemplateError(
+            f"{self.path.name}: a message spells one of the model's control tokens, and this chat template "
+            "rewrites message text, so it cannot be kept as text; remove the marker or use --raw"
+        )
+
+    def _control_tokens(self) -> list[tuple[str, int, int]]:
+        """(text, id, attributes) of the tokens llama.cpp recognises only when it parses
+        special tokens (control and unknown ones), longest text first as llama.cpp tries them."""
+        if not hasattr(self, "_controls"):
+            found = []
+            for t in range(self.n_vocab):
+                attr = int(_ll.llama_vocab_get_attr(self._vocab, t))
+                if attr & (_ll.LLAMA_TOKEN_ATTR_CONTROL | _ll.LLAMA_TOKEN_ATTR_UNKNOWN):
+                    text = self.token_text(t).decode("utf-8", errors="replace")
+                    if text:
+                        found.append((text, t, attr))
+            self._controls = sorted(found, key=lambda c: -len(c[0].encode("utf-8")))
+        return self._controls
+
+    def _split_control_tokens(self, text: str) -> list[str | int]:
+        """``text`` as text runs and control-token ids (llama.cpp's tokenizer_st_partition)."""
+        pieces: list[str | int] = [text]
+        for tok_text, tok, _attr in self._control_tokens():
+            out: list[str | int] = []
+            for p in pieces:
+                if isinstance(p, int) or tok_text not in p:
+                    out.append(p)
+                    continue
+                parts = p.split(tok_text)
+                for k, part in enumerate(parts):
+                    if k:
+                        out.append(tok)
+                    out.append(part)
+            pieces = out
+        return pieces
+
+    def _tokenize_pieces(self, pieces: list[str | int]) -> list[int]:
+        attrs = {tok: attr for _text, tok, attr in self._control_tokens()}
+        runs: list[str | int] = []  # adjacent text merged: one fragment, as llama.cpp sees it
+        for p in pieces:
+            if isinstance(p, str) and runs and isinstance(runs[-1], str):
+                runs[-1] += p
+            else:
+                runs.append(p)
+        ws = " \t\n\v\f\r"  # C isspace, which llama.cpp strips with
+        for k, p in enumerate(runs):
+            if isinstance(p, int):
+                if attrs.get(p, 0) & _ll.LLAMA_TOKEN_ATTR_LSTRIP and k and isinstance(runs[k - 1], str):
+                    runs[k - 1] = runs[k - 1].rstrip(ws)
+                if attrs.get(p, 0) & _ll.LLAMA_TOKEN_ATTR_RSTRIP and k + 1 < len(runs) and isinstance(runs[k + 1], str):
+                    runs[k + 1] = runs[k + 1].lstrip(ws)
+        tokens: list[int] = []
+        for p in runs:
+            if isinstance(p, int):
+                tokens.append(p)
+            elif p:
+                tokens.extend(self.tokenize(p, add_special=False, parse_special=False))
+        return tokens
 
     # ------------------------------------------------------------------ KV cache
     @property
