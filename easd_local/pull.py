@@ -303,15 +303,10 @@ def verify_file(entry: ModelEntry, progress: Progress | None = None) -> bool:
         return True
     if not is_present(entry):
         return False
-    h = hashlib.sha256()
-    done = 0
-    with open(dest, "rb") as f:
-        while block := f.read(BLOCK):
-            h.update(block)
-            done += len(block)
-            if progress is not None:
-                progress(done, entry.size, f"{entry.name}: verifying")
-    if h.hexdigest() != entry.sha256:
+    label = f"{entry.name}: verifying"
+    _read, digest = filehash.hash_file(
+        dest, None if progress is None else lambda done, _total: progress(done, entry.size, label))
+    if digest != entry.sha256:
         return False
     if entry.path is None:  # a file in the cache (a user's own file gets no stamp beside it)
         _write_stamp(entry, dest)
