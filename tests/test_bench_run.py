@@ -253,23 +253,28 @@ def test_parallel_that_does_not_fit_is_refused_in_one_line(tmp_path, tiny_draft,
 # ---------------------------------------------------------------------- resume
 
 
-def test_resume_after_sigkill_of_a_parallel_run(tmp_path, tiny_draft, tiny_target):
-    """bench --parallel 3 killed with SIGKILL mid-run, then resumed: every row exactly once."""
-    out = tmp_path / "r.jsonl"
-    args = ["bench", "--dataset", "gsm8k", "--limit", "9", "--modes", "target,sd", "--parallel", "3",
-            *map(str, files(tiny_draft, tiny_target)), *FAST, "--out", str(out)]
+def _kill_after_rows(args: list[str], out, *, rows: int, wait_s: float) -> None:
+    """Run ``easd-local ARGS`` in a subprocess and SIGKILL it once ``out`` holds ``rows`` lines."""
     cmd = [sys.executable, "-c", "from easd_local.cli import main; main()"]
     proc = subprocess.Popen(cmd + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if out.exists() and out.read_bytes().count(b"\n") >= 4:
+            if out.exists() and out.read_bytes().count(b"\n") >= rows:
                 break
             time.sleep(0.002)
         assert proc.poll() is None, "the run ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
+
+
+def test_resume_after_sigkill_of_a_parallel_run(tmp_path, tiny_draft, tiny_target):
+    """bench --parallel 3 killed with SIGKILL mid-run, then resumed: every row exactly once."""
+    out = tmp_path / "r.jsonl"
+    args = ["bench", "--dataset", "gsm8k", "--limit", "9", "--modes", "target,sd", "--parallel", "3",
+            *map(str, files(tiny_draft, tiny_target)), *FAST, "--out", str(out)]
+    _kill_after_rows(args, out, rows=4, wait_s=60)
     data = out.read_bytes()
     before = [json.loads(line) for line in data[: data.rfind(b"\n")].split(b"\n")]  # the complete rows
     assert 4 <= len(before) < 18
@@ -291,18 +296,7 @@ def test_resume_after_kill_between_rows(tmp_path, tiny_draft, tiny_target):
     out = tmp_path / "r.jsonl"
     args = ["bench", "--dataset", "gsm8k", "--limit", "8", "--modes", "target,sd,easd",
             *map(str, files(tiny_draft, tiny_target)), *FAST, "--out", str(out)]
-    cmd = [sys.executable, "-c", "from easd_local.cli import main; main()"]
-    proc = subprocess.Popen(cmd + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if out.exists() and out.read_bytes().count(b"\n") >= 2:
-                break
-            time.sleep(0.002)
-        assert proc.poll() is None, "the run ended before it could be killed"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
+    _kill_after_rows(args, out, rows=2, wait_s=30)
     before = out.read_bytes().count(b"\n")
     assert 2 <= before < 24
     r = runner.invoke(app, args + ["--resume"])
