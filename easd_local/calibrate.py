@@ -29,11 +29,12 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from . import profiles, rules
-from .runtime import Part
+from .store import profiles
+from .engine import rules
+from .engine.runtime import Part
 from .errors import ConfigError
 from .fsutil import write_jsonl_atomic
-from .text import check_text
+from .engine.text import check_text
 
 PERCENTILES = (50, 75, 90, 95, 99)
 DEFAULT_DATASET = "gsm8k-train"

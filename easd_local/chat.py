@@ -21,13 +21,13 @@ from typing import Iterator, Union
 
 from . import paths
 from .fsutil import describe_write_error, write_text_atomic
-from .config import RANDOM_SEED, DecodeConfig, apply_settings, not_lossless
-from .modes import MODES, mode_info
-from .decoding import Finished, Stats, Stopper, TokenEvent, acceptance_text, generate
+from .engine.config import RANDOM_SEED, DecodeConfig, apply_settings, not_lossless
+from .engine.modes import MODES, mode_info
+from .engine.decoding import Finished, Stats, Stopper, TokenEvent, acceptance_text, generate
 from .jsonsafe import jsonable
 from .errors import ConfigError, ContextOverflowError, EasdError
-from .runtime import Model
-from .text import check_text
+from .engine.runtime import Model
+from .engine.text import check_text
 
 # Chat's own sampling defaults (generate's are greedy with 512 tokens).
 def auto_mode(gpu_offload: bool, n_gpu_layers: int, have_draft: bool) -> tuple[str, str]:

@@ -29,14 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from easd_local import decoding  # noqa: E402
 from easd_local.bench.datasets import load_dataset  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
-from easd_local.config import DecodeConfig  # noqa: E402
-from easd_local.pair import load_pair  # noqa: E402
-from easd_local.runtime import LoadOptions  # noqa: E402
-from easd_local.scheduler import Failed, Request, Scheduler  # noqa: E402
+from easd_local.engine.config import DecodeConfig  # noqa: E402
+from easd_local.engine.pair import load_pair  # noqa: E402
+from easd_local.engine.runtime import LoadOptions  # noqa: E402
+from easd_local.engine.scheduler import Failed, Request, Scheduler  # noqa: E402
 
 
 def default_pair() -> tuple[Path, Path, DecodeConfig]:
-    from easd_local.resolve import resolve_config, resolve_pair
+    from easd_local.store.resolve import resolve_config, resolve_pair
 
     spec = resolve_pair(None, None, None, mode="easd", confirm=lambda n: False)
     cfg, _ = resolve_config(DecodeConfig(), spec, {})

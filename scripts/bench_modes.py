@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from easd_local import decoding  # noqa: E402
 from easd_local.bench.datasets import load_dataset  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
-from easd_local.config import DecodeConfig  # noqa: E402
-from easd_local.decoding import Stats  # noqa: E402
-from easd_local.pair import load_pair  # noqa: E402
-from easd_local.runtime import LoadOptions  # noqa: E402
+from easd_local.engine.config import DecodeConfig  # noqa: E402
+from easd_local.engine.decoding import Stats  # noqa: E402
+from easd_local.engine.pair import load_pair  # noqa: E402
+from easd_local.engine.runtime import LoadOptions  # noqa: E402
 
 
 def tiny_pair() -> tuple[Path, Path]:
@@ -58,7 +58,7 @@ def main() -> int:
     draft, target = (a.draft, a.target) if a.draft and a.target else tiny_pair()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     # thresholds as generate/chat would use them: flags > the pair's profile > defaults
-    from easd_local.resolve import PairFiles, resolve_config
+    from easd_local.store.resolve import PairFiles, resolve_config
 
     flags = {k: v for k, v in (("tau_draft", a.tau_draft), ("tau_target", a.tau_target)) if v is not None}
     base, tau_source = resolve_config(DecodeConfig(max_tokens=a.max_tokens, gamma=a.gamma),

@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from easd_local import decoding, rpc  # noqa: E402
 from easd_local.bench.datasets import load_dataset  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
-from easd_local.config import DecodeConfig  # noqa: E402
-from easd_local.pair import check_pair_files  # noqa: E402
-from easd_local.resolve import PairFiles, resolve_config  # noqa: E402
-from easd_local.runtime import LoadOptions, Model  # noqa: E402
+from easd_local.engine.config import DecodeConfig  # noqa: E402
+from easd_local.engine.pair import check_pair_files  # noqa: E402
+from easd_local.store.resolve import PairFiles, resolve_config  # noqa: E402
+from easd_local.engine.runtime import LoadOptions, Model  # noqa: E402
 
 
 def lo_bytes() -> int | None:
@@ -89,7 +89,7 @@ def main() -> int:
     if a.draft and a.target:
         spec = PairFiles(draft=a.draft, target=a.target, label="given")
     else:
-        from easd_local.resolve import resolve_pair
+        from easd_local.store.resolve import resolve_pair
 
         spec = resolve_pair(None, None, None, mode="sd", confirm=lambda *x: False, progress=None)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]

@@ -294,7 +294,7 @@ class Run:
 
 
 def run_ours(models, prompt_tokens: list[int], mode: str, args, cfg_base) -> Run:
-    from easd_local.decoding import generate_all
+    from easd_local.engine.decoding import generate_all
 
     cfg = cfg_base.replace(mode=mode)
     drafts = cfg.mode_info.needs_draft
@@ -417,7 +417,7 @@ def print_table(summary: dict, meta: dict) -> None:
 
 def default_pair() -> tuple[Path | None, Path | None]:
     try:
-        from easd_local.catalog import is_present, load_catalog, local_path
+        from easd_local.store.catalog import is_present, load_catalog, local_path
 
         p = load_catalog().default_pair
         if is_present(p.draft) and is_present(p.target):
@@ -477,9 +477,9 @@ def main(argv=None) -> int:
         return 2
 
     from easd_local.bench.datasets import load_dataset
-    from easd_local.config import DecodeConfig
-    from easd_local.pair import load_pair
-    from easd_local.runtime import LoadOptions
+    from easd_local.engine.config import DecodeConfig
+    from easd_local.engine.pair import load_pair
+    from easd_local.engine.runtime import LoadOptions
 
     notes: list[str] = []
     needs_native = any(m in args.modes for m in ("target", "sd"))
@@ -498,7 +498,7 @@ def main(argv=None) -> int:
         + (f"; load average {load:.2f}" if load is not None else ""))
     with tempfile.TemporaryDirectory(prefix="easd-bench-speed-") as tmp, load_pair(args.draft, args.target, opts) as models:
         # easd thresholds: the pair's profile if it has one (as generate would), else the defaults
-        from easd_local.resolve import PairFiles, resolve_config
+        from easd_local.store.resolve import PairFiles, resolve_config
 
         spec = PairFiles(draft=Path(args.draft), target=Path(args.target), label="bench")
         cfg_base, source = resolve_config(cfg_base, spec, {})

@@ -74,7 +74,7 @@ def easd_home(tmp_path, monkeypatch) -> Path:
 
 def pytest_report_header(config):
     """Say up front whether the --rpc tests (tests/test_rpc.py) can run or will skip."""
-    from easd_local import rpc
+    from easd_local.engine import rpc
 
     folder = rpc.backend_dir()
     if (folder / rpc.SERVER_NAME).is_file() and (folder / rpc.LIB_NAME).is_file():

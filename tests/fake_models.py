@@ -1,4 +1,4 @@
-"""Fake numpy "models" and exact-law helpers for testing ``easd_local.rules``.
+"""Fake numpy "models" and exact-law helpers for testing ``easd_local.engine.rules``.
 
 A fake model is a logit table over a small vocabulary: row ``context[-1] % rows`` gives
 the next-token logits (one row = context-free). Because everything is a table, the
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from easd_local import rules as R
-from easd_local.config import DecodeConfig
+from easd_local.engine import rules as R
+from easd_local.engine.config import DecodeConfig
 
 
 @dataclass(frozen=True)

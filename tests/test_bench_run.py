@@ -22,7 +22,7 @@ from easd_local.bench import runner as bench_runner
 from easd_local.bench.report import load_results
 from easd_local.bench.schema import validate_row
 from easd_local.cli import app
-from easd_local.config import DecodeConfig
+from easd_local.engine.config import DecodeConfig
 from easd_local.errors import ConfigError
 
 runner = CliRunner()
@@ -236,7 +236,7 @@ def test_parallel_rows_equal_one_at_a_time(tmp_path, tiny_draft, tiny_target):
 
 
 def test_parallel_that_does_not_fit_is_refused_in_one_line(tmp_path, tiny_draft, tiny_target, monkeypatch):
-    from easd_local import runtime
+    from easd_local.engine import runtime
 
     monkeypatch.setattr(runtime, "available_memory", lambda: 10_000)
     out = tmp_path / "r.jsonl"

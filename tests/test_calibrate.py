@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from easd_local import calibrate as cal
-from easd_local import filehash, profiles
-from easd_local.catalog import ModelEntry, PairEntry
-from easd_local.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, DecodeConfig
+from easd_local.store import filehash, profiles
+from easd_local.store.catalog import ModelEntry, PairEntry
+from easd_local.engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, DecodeConfig
 from easd_local.errors import ConfigError
-from easd_local.resolve import PairFiles, resolve_config
+from easd_local.store.resolve import PairFiles, resolve_config
 
 NO_FLAGS = {"tau_draft": None, "tau_target": None}
 
@@ -259,8 +259,8 @@ def test_collect_in_parallel_equals_one_at_a_time(tiny_draft, tiny_target):
     greedy texts (measured on the tiny pair: at the 15th position of one question), so
     the figures are compared over each question's first 10 positions. A row handed to
     the wrong sequence differs by nats at once."""
-    from easd_local.pair import load_pair
-    from easd_local.runtime import LoadOptions
+    from easd_local.engine.pair import load_pair
+    from easd_local.engine.runtime import LoadOptions
 
     texts = ["The quick brown fox", "Once upon a time there was", "In the beginning", "hello world, hello"]
     with load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=256, n_threads=1, n_seq=3)) as p:

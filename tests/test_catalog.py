@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from easd_local import paths
-from easd_local.catalog import (
+from easd_local.store.catalog import (
     add_user_model,
     builtin_catalog_path,
     is_present,
@@ -209,7 +209,7 @@ def test_add_rejects(home, gguf, tmp_path):
 
 
 def test_pull_of_user_model_verifies_in_place(home, gguf):
-    from easd_local.pull import pull_model
+    from easd_local.store.pull import pull_model
 
     e = add_user_model("mine", gguf)
     assert pull_model(e) == gguf.resolve()

@@ -17,10 +17,10 @@ from typer.testing import CliRunner  # noqa: E402
 from easd_local import chat as chat_mod  # noqa: E402
 from easd_local.chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter  # noqa: E402
 from easd_local.cli import app  # noqa: E402
-from easd_local.decoding import TokenEvent  # noqa: E402
+from easd_local.engine.decoding import TokenEvent  # noqa: E402
 from easd_local.errors import ContextOverflowError  # noqa: E402
-from easd_local.pair import open_models  # noqa: E402
-from easd_local.runtime import LoadOptions, Model  # noqa: E402
+from easd_local.engine.pair import open_models  # noqa: E402
+from easd_local.engine.runtime import LoadOptions, Model  # noqa: E402
 
 
 @pytest.fixture
@@ -120,7 +120,7 @@ def test_chat_two_turns_and_commands(tiny_draft, tiny_target, home, tmp_path):
     assert "mode" in kinds and "set" in kinds and "system" in kinds and "reset" in kinds
     replies = [row for row in rows if row["event"] == "assistant"]
     from easd_local.chat import auto_mode
-    from easd_local.runtime import gpu_offload_supported
+    from easd_local.engine.runtime import gpu_offload_supported
 
     assert replies[0]["stats"]["mode"] == auto_mode(gpu_offload_supported(), -1, True)[0]
     assert replies[1]["stats"]["mode"] == "sd"
@@ -424,7 +424,7 @@ def test_banner_says_which_mode_was_chosen(tiny_draft, tiny_target, tmp_path, mo
                                  "--max-tokens", "4", "--threads", "1"], input="hi\n")
     assert r.exit_code == 0, r.output
     from easd_local.chat import auto_mode
-    from easd_local.runtime import gpu_offload_supported
+    from easd_local.engine.runtime import gpu_offload_supported
 
     mode, why = auto_mode(gpu_offload_supported(), -1, True)
     assert f"mode {mode} (auto: {why})" in r.output

@@ -15,12 +15,12 @@ import math
 import numpy as np
 import pytest
 
-from easd_local import decoding
-from easd_local.config import DecodeConfig
-from easd_local.decoding import BONUS, DRAFT, DRAFT_ONLY, EASD, RESAMPLED, TARGET, TRACE_NAMES, Finished
+from easd_local.engine import decoding
+from easd_local.engine.config import DecodeConfig
+from easd_local.engine.decoding import BONUS, DRAFT, DRAFT_ONLY, EASD, RESAMPLED, TARGET, TRACE_NAMES, Finished
 from easd_local.errors import ConfigError, ContextOverflowError
-from easd_local.pair import load_pair
-from easd_local.runtime import LoadOptions
+from easd_local.engine.pair import load_pair
+from easd_local.engine.runtime import LoadOptions
 
 TIE_TOL = 0.25  # logits
 PROMPTS = [

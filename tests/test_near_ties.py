@@ -7,7 +7,7 @@ from types import SimpleNamespace as Ev
 
 import pytest
 
-from easd_local.near_ties import GATE_MARGIN, gate_margin, gate_near_tie
+from easd_local.engine.near_ties import GATE_MARGIN, gate_margin, gate_near_tie
 
 TD, TT, TO = 0.9, 0.7, 0.6  # tau_draft, tau_target, tau_overlap
 
@@ -49,7 +49,7 @@ def test_gate_margin_counts_evaluated_positions_only():
 
 
 def test_first_difference():
-    from easd_local.near_ties import first_difference
+    from easd_local.engine.near_ties import first_difference
 
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
@@ -57,7 +57,7 @@ def test_first_difference():
 
 
 def test_classify():
-    from easd_local.near_ties import ARGMAX, GATE, REAL, GateState, classify
+    from easd_local.engine.near_ties import ARGMAX, GATE, REAL, GateState, classify
 
     near_gate = GateState(h_target=0.72, h_draft=1.5, overlap=0.8, tau_target=TT, tau_draft=TD, tau_overlap=TO)
     far_gate = GateState(h_target=1.5, h_draft=1.5, overlap=0.8, tau_target=TT, tau_draft=TD, tau_overlap=TO)
@@ -72,7 +72,7 @@ def test_classify():
 def test_topn_boundary_gap_and_overlap_near_ties():
     import numpy as np
 
-    from easd_local.near_ties import GATE, REAL, ARGMAX, GateState, classify, topn_boundary_gap
+    from easd_local.engine.near_ties import GATE, REAL, ARGMAX, GateState, classify, topn_boundary_gap
 
     assert topn_boundary_gap(np.array([1.0, 5, 3, 4.5, 2]), 2) == 1.5 and topn_boundary_gap(np.array([1.0, 2]), 5) == math.inf
     base = dict(h_target=1.5, h_draft=1.5, tau_target=TT, tau_draft=TD, tau_overlap=TO, top_n=5)

@@ -1,10 +1,10 @@
-"""easd_local.pair: the draft/target compatibility check and load_pair, on the tiny models."""
+"""easd_local.engine.pair: the draft/target compatibility check and load_pair, on the tiny models."""
 from __future__ import annotations
 
 import pytest
 
 from easd_local.errors import PairError
-from easd_local.pair import (
+from easd_local.engine.pair import (
     VOCAB_MAX_SIZE_DIFFERENCE,
     Pair,
     check_compatible,
@@ -12,7 +12,7 @@ from easd_local.pair import (
     load_pair,
     open_models,
 )
-from easd_local.runtime import LoadOptions, Model
+from easd_local.engine.runtime import LoadOptions, Model
 
 pytest.importorskip("llama_cpp")
 

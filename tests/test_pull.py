@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from easd_local import filehash
-from easd_local import pull as P
-from easd_local.catalog import ModelEntry, PairEntry, is_present, local_path
+from easd_local.store import filehash
+from easd_local.store import pull as P
+from easd_local.store.catalog import ModelEntry, PairEntry, is_present, local_path
 from easd_local.errors import PullError
 
 MiB = 1 << 20

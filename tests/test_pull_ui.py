@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from easd_local.catalog import ModelEntry
+from easd_local.store.catalog import ModelEntry
 from easd_local.cli.pull_ui import DownloadUI, plan_lines, sources_text
 from easd_local.errors import PullError
 

@@ -9,7 +9,7 @@ import pytest
 
 from easd_local.bench.report import flags_text, plot, render_markdown, settings_label, summarize
 from easd_local.bench.schema import empty_stats, make_row
-from easd_local.config import DecodeConfig
+from easd_local.engine.config import DecodeConfig
 
 
 def _row(method, i, *, correct, extracted, stop, config=None, seconds=1.0, tokens=10):

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from easd_local.cli import app
-from easd_local.near_ties import ARGMAX, GATE, REAL
+from easd_local.engine.near_ties import ARGMAX, GATE, REAL
 
 cli_runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("easd_home")

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from easd_local.chat import CHAT_DEFAULTS, ChatSession, TranscriptWriter
 from easd_local.cli import app
 from easd_local.errors import ConfigError, InvalidTextError
-from easd_local.pair import open_models
-from easd_local.runtime import LoadOptions, Model
+from easd_local.engine.pair import open_models
+from easd_local.engine.runtime import LoadOptions, Model
 
 runner = CliRunner()
 

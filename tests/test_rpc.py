@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from easd_local import rpc
+from easd_local.engine import rpc
 from easd_local.errors import ConfigError
 
 CLI = [sys.executable, "-c", "from easd_local.cli import main; main()"]
@@ -95,7 +95,7 @@ def first_difference(a, b):
 
 def argmax_margin(target: Path, prompt_and_tokens: list[int]) -> float:
     """The local target's top-1 minus top-2 logit after this token sequence."""
-    from easd_local.runtime import LoadOptions, Model
+    from easd_local.engine.runtime import LoadOptions, Model
 
     with Model(target, LoadOptions(n_ctx=512, n_threads=1)) as m:
         row = m.decode(prompt_and_tokens)[0]
@@ -213,7 +213,7 @@ def test_target_through_rpc_equals_local(server, tmp_path, tiny_draft, tiny_targ
     i = first_difference(a, b)
     if i is not None:
         # the same CPU code computes both sides; only an argmax near-tie may part them
-        from easd_local.runtime import Model
+        from easd_local.engine.runtime import Model
 
         with Model(tiny_target, vocab_only=True) as m:
             prompt = m.tokenize("Once upon a time", add_special=True, parse_special=False)

@@ -1,4 +1,4 @@
-"""Tests for easd_local.rules: hand-built cases plus statistical checks of the SD/EASD
+"""Tests for easd_local.engine.rules: hand-built cases plus statistical checks of the SD/EASD
 output laws on fake table models. Every statistical check also runs a deliberately
 broken rule and asserts that the same statistic then exceeds the same threshold."""
 
@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from easd_local import rules as R
-from easd_local.config import DecodeConfig
+from easd_local.engine import rules as R
+from easd_local.engine.config import DecodeConfig
 
 from fake_models import (  # tests/ is on sys.path (rootdir conftest), not a package
     chi2_stat,

@@ -1,4 +1,4 @@
-"""easd_local.runtime.Model on real llama.cpp, with the tiny GGUF models.
+"""easd_local.engine.runtime.Model on real llama.cpp, with the tiny GGUF models.
 
 All models here run with one thread: the test machine is shared, and ggml's worker
 threads spin-wait on each other, so two threads on two busy cores can be 100x slower.
@@ -11,9 +11,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from easd_local import runtime
+from easd_local.engine import runtime
 from easd_local.errors import ContextOverflowError, RuntimeFailure
-from easd_local.runtime import Detokenizer, LoadOptions, Model
+from easd_local.engine.runtime import Detokenizer, LoadOptions, Model
 
 pytest.importorskip("llama_cpp")
 

@@ -1,4 +1,4 @@
-"""The batched engine (easd_local.scheduler) on the tiny pair in real llama.cpp.
+"""The batched engine (easd_local.engine.scheduler) on the tiny pair in real llama.cpp.
 
 Sequences that share batches see llama.cpp's batched numerics: a one-token batch takes
 another matmul kernel than a multi-token one, and in the unified KV cache a sequence's
@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from easd_local import decoding, rules
-from easd_local.config import DecodeConfig
-from easd_local.decoding import Finished, TokenEvent
+from easd_local.engine import decoding, rules
+from easd_local.engine.config import DecodeConfig
+from easd_local.engine.decoding import Finished, TokenEvent
 from easd_local.errors import ConfigError, ContextOverflowError
-from easd_local.pair import load_pair
-from easd_local.runtime import LoadOptions
-from easd_local.scheduler import Failed, Request, Scheduler
+from easd_local.engine.pair import load_pair
+from easd_local.engine.runtime import LoadOptions
+from easd_local.engine.scheduler import Failed, Request, Scheduler
 
 from test_decoding import check_stats
 

@@ -10,10 +10,10 @@ import openai
 import pytest
 from serve_helpers import ServerProc, http, metric_values
 
-from easd_local.config import DecodeConfig
-from easd_local.decoding import generate_all
-from easd_local.pair import load_pair
-from easd_local.runtime import LoadOptions
+from easd_local.engine.config import DecodeConfig
+from easd_local.engine.decoding import generate_all
+from easd_local.engine.pair import load_pair
+from easd_local.engine.runtime import LoadOptions
 
 CTX = 1024
 MAX_BODY = 65536

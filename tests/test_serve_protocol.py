@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from easd_local.config import DecodeConfig
-from easd_local.decoding import Stats
+from easd_local.engine.config import DecodeConfig
+from easd_local.engine.decoding import Stats
 from easd_local.server.protocol import ApiError, parse_request, request_config
 from easd_local.server.responses import finish_reason, timings_from_stats
 from easd_local.server.stops import StopMatcher

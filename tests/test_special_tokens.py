@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from easd_local.bench.prompt import build_messages
 from easd_local.cli import app
-from easd_local.runtime import Model
+from easd_local.engine.runtime import Model
 
 runner = CliRunner()
 

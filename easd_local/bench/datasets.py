@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import ConfigError
-from ..text import check_text
+from ..engine.text import check_text
 
 GRADERS = ("numeric", "math")
 

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
-from ..decoding import Stats
-from ..modes import MODE_TABLE, MODES
-from ..provenance import UNKNOWN_ENV
+from ..engine.decoding import Stats
+from ..engine.modes import MODE_TABLE, MODES
+from ..store.provenance import UNKNOWN_ENV
 from .schema import row_env, row_env_id, row_model_sha, validate_row
 from .stats import mcnemar_exact, wilson_interval
 

@@ -25,12 +25,13 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import decoding, filehash, provenance, rules
-from ..config import DecodeConfig
+from ..engine import decoding, rules
+from ..store import filehash, provenance
+from ..engine.config import DecodeConfig
 from ..errors import ConfigError
-from ..near_ties import GateState, classify, first_difference, topn_boundary_gap
-from ..pair import open_models
-from ..runtime import LoadOptions, Model
+from ..engine.near_ties import GateState, classify, first_difference, topn_boundary_gap
+from ..engine.pair import open_models
+from ..engine.runtime import LoadOptions, Model
 from .prompt import build_messages
 from .schema import read_number, row_env, row_model_sha
 
@@ -118,7 +119,7 @@ def row_config(row: dict) -> DecodeConfig:
 def _candidates(sha: str, name: str) -> list[Path]:
     out = filehash.paths_with(sha, unchanged_only=False)  # a changed one is refused by name
     try:
-        from ..catalog import load_catalog, local_path
+        from ..store.catalog import load_catalog, local_path
 
         for entry in load_catalog().models.values():
             if entry.sha256 == sha or entry.file == name:
@@ -163,7 +164,7 @@ def _legacy_files(row: dict, draft: Path | None, target: Path | None) -> tuple[P
     """Files for a row that records none: those given, else its catalog pair as it is now."""
     if draft is not None or target is not None:
         return draft, target, "the files given"
-    from ..catalog import is_present, load_catalog, local_path
+    from ..store.catalog import is_present, load_catalog, local_path
 
     cat = load_catalog()
     if row["pair"] not in cat.pairs:

@@ -9,7 +9,7 @@ methods, so that one problem's methods run back to back and any drift in machine
 hits every method of a problem alike (the paired comparisons in the report rely on that).
 
 Parallel (``--parallel N``, the models' ``LoadOptions.n_seq``): N problems of one method
-decode together in the batched engine (``easd_local.scheduler``). Problems are taken in
+decode together in the batched engine (``easd_local.engine.scheduler``). Problems are taken in
 windows of ``WINDOW × N``; each method runs over a window with N sequences in flight, a
 slot refilled as soon as its sequence finishes, so the methods of a problem still run
 close together in time. At N = 1 the window is one problem: the order above. A row is
@@ -40,16 +40,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .. import decoding, provenance
-from ..config import DecodeConfig, field_name, parse_value
-from ..modes import MODES, models_needed
+from ..engine import decoding
+from ..store import provenance
+from ..engine.config import DecodeConfig, field_name, parse_value
+from ..engine.modes import MODES, models_needed
 from ..errors import ConfigError, NonFiniteLogitsError, RuntimeFailure
-from ..near_ties import gate_margin
-from ..pair import open_models
-from ..provenance import Environment
-from ..resolve import PairFiles, resolve_config, resolve_pair
-from ..runtime import LoadOptions
-from ..scheduler import Failed, Request, Scheduler
+from ..engine.near_ties import gate_margin
+from ..engine.pair import open_models
+from ..store.provenance import Environment
+from ..store.resolve import PairFiles, resolve_config, resolve_pair
+from ..engine.runtime import LoadOptions
+from ..engine.scheduler import Failed, Request, Scheduler
 from .datasets import Problem
 from .grading import is_correct
 from .prompt import build_messages

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from typing import Any, TypedDict
 
-from ..decoding import json_number
+from ..engine.decoding import json_number
 from ..errors import ConfigError
 
 # stats fields -> kind. "count": int >= 0; "seconds"/"rate": finite float >= 0;

@@ -23,12 +23,12 @@ from rich.text import Text
 from ..bench import report as rep
 from ..bench import rerun as rerun_mod
 from ..bench import runner
-from ..near_ties import ARGMAX_NEAR_TIE
+from ..engine.near_ties import ARGMAX_NEAR_TIE
 from ..bench.datasets import GRADERS, PRESETS, load_dataset, preset_names
-from .. import provenance
-from ..config import MODES, DecodeConfig
+from ..store import provenance
+from ..engine.config import MODES, DecodeConfig
 from ..errors import ConfigError
-from ..runtime import fmt_bytes
+from ..engine.runtime import fmt_bytes
 from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import DownloadUI

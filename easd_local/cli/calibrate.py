@@ -16,10 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .. import calibrate as cal
-from ..config import DecodeConfig
+from ..engine.config import DecodeConfig
 from ..errors import ConfigError
-from ..pair import open_models
-from ..resolve import resolve_pair
+from ..engine.pair import open_models
+from ..store.resolve import resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import DownloadUI

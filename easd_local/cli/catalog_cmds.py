@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..catalog import add_user_model, is_present, load_catalog, local_path, register_user_model
+from ..store.catalog import add_user_model, is_present, load_catalog, local_path, register_user_model
 from ..errors import ConfigError, PullError
-from ..hub import hub_entry, is_hub_ref, parse_hub_ref
-from ..pull import ensure_models, missing_models, pull_model
+from ..store.hub import hub_entry, is_hub_ref, parse_hub_ref
+from ..store.pull import ensure_models, missing_models, pull_model
 from ..units import SIZE_UNITS_NOTE, human_size
 from .common import console, err_console, friendly
 from .pull_ui import DownloadUI, download_bar

@@ -13,11 +13,11 @@ import typer
 from rich.text import Text
 
 from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter, auto_mode
-from ..config import not_lossless
+from ..engine.config import not_lossless
 from ..errors import EasdError
-from ..pair import open_models
-from ..runtime import gpu_offload_supported
-from ..resolve import resolve_config, resolve_pair
+from ..engine.pair import open_models
+from ..engine.runtime import gpu_offload_supported
+from ..store.resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import DownloadUI

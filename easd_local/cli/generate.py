@@ -10,20 +10,20 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from .. import provenance
+from ..store import provenance
 from ..chat import auto_mode
-from ..config import DecodeConfig, not_lossless
-from ..runtime import gpu_offload_supported
+from ..engine.config import DecodeConfig, not_lossless
+from ..engine.runtime import gpu_offload_supported
 from ..errors import ChatTemplateError, ConfigError
-from ..decoding import Finished, generate as decode_stream
-from ..near_ties import gate_margin
-from ..pair import open_models
-from ..resolve import resolve_config, resolve_pair
+from ..engine.decoding import Finished, generate as decode_stream
+from ..engine.near_ties import gate_margin
+from ..engine.pair import open_models
+from ..store.resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import DownloadUI
 from ..fsutil import write_jsonl_atomic
-from ..text import check_text, decode_input
+from ..engine.text import check_text, decode_input
 from .progress import spinner, until_first
 from .render import LEGEND, ORIGIN_STYLE, placement, placement_text, run_settings, status_line, trace_rows
 

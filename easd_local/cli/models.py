@@ -12,11 +12,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ..catalog import add_user_pair, load_catalog
+from ..store.catalog import add_user_pair, load_catalog
 from ..errors import ConfigError, PairError
-from ..gguf_info import read_gguf_info
-from ..pair import check_pair_files, open_models
-from ..resolve import catalog_model, resolve_model
+from ..engine.gguf_info import read_gguf_info
+from ..engine.pair import check_pair_files, open_models
+from ..store.resolve import catalog_model, resolve_model
 from ..units import SIZE_UNITS_NOTE, human_size
 from . import options as o
 from .catalog_cmds import add_model_with_bar

@@ -14,10 +14,10 @@ from typing import Annotated, Optional, Sequence
 
 import typer
 
-from ..config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, MODES, DecodeConfig, LOSSLESS_HELP
+from ..engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, MODES, DecodeConfig, LOSSLESS_HELP
 from ..errors import ConfigError
-from ..rpc import parse_endpoints, parse_tensor_split
-from ..runtime import LoadOptions
+from ..engine.rpc import parse_endpoints, parse_tensor_split
+from ..engine.runtime import LoadOptions
 
 
 def with_default(help: str, shown) -> str:
@@ -148,7 +148,7 @@ def parallel_options(parallel: int | None, topts: LoadOptions, dopts: LoadOption
     from dataclasses import replace
 
     from ..bench.runner import default_parallel
-    from ..runtime import gpu_offload_supported
+    from ..engine.runtime import gpu_offload_supported
 
     if parallel is None:
         parallel = default_parallel(gpu_offload_supported() and topts.n_gpu_layers != 0)

@@ -16,9 +16,9 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
 from rich.text import Text
 
 from .. import paths
-from ..catalog import ModelEntry
+from ..store.catalog import ModelEntry
 from ..errors import PullError
-from ..pull import CONFIRM_ABOVE_BYTES
+from ..store.pull import CONFIRM_ABOVE_BYTES
 from ..units import human_size
 from .common import err_console
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from ..decoding import BONUS, DRAFT, EASD, RESAMPLED, TRACE_NAMES, Stats, TokenEvent, acceptance_text
+from ..engine.decoding import BONUS, DRAFT, EASD, RESAMPLED, TRACE_NAMES, Stats, TokenEvent, acceptance_text
 from ..jsonsafe import json_number
-from ..modes import mode_info
-from ..runtime import backends, system_info
+from ..engine.modes import mode_info
+from ..engine.runtime import backends, system_info
 from ..units import human_size
 
 # the target's own choices (target mode, easd-tf) and draft mode's tokens stay plain

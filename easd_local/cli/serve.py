@@ -10,11 +10,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..chat import auto_mode
-from ..config import DecodeConfig
+from ..engine.config import DecodeConfig
 from ..errors import ConfigError, EasdError
-from ..pair import open_models
-from ..resolve import resolve_config, resolve_pair
-from ..runtime import gpu_offload_supported
+from ..engine.pair import open_models
+from ..store.resolve import resolve_config, resolve_pair
+from ..engine.runtime import gpu_offload_supported
 from . import options as o
 from .common import err_console, friendly
 from .pull_ui import DownloadUI

@@ -24,8 +24,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..config import DecodeConfig
-from ..decoding import Finished, TokenEvent
+from ..engine.config import DecodeConfig
+from ..engine.decoding import Finished, TokenEvent
 from ..errors import ContextOverflowError, EasdError
 from .engine import Admitted, Engine, Failed, Job, NotReady, QueueFull, Rejected, Request
 from .metrics import CONTENT_TYPE

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..decoding import Finished, TokenEvent
+from ..engine.decoding import Finished, TokenEvent
 from ..errors import EasdError
-from ..pair import Pair
-from ..scheduler import Failed, Request, Scheduler
+from ..engine.pair import Pair
+from ..engine.scheduler import Failed, Request, Scheduler
 from .metrics import Metrics
 from .responses import finish_reason
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..decoding import BONUS, DRAFT, EASD, RESAMPLED, Stats, TokenEvent
+from ..engine.decoding import BONUS, DRAFT, EASD, RESAMPLED, Stats, TokenEvent
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 disable_created_metrics()  # no *_created series: start times say nothing here

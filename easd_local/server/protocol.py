@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..config import DecodeConfig
+from ..engine.config import DecodeConfig
 from ..errors import ConfigError
 
 MAX_STOP_STRINGS = 16

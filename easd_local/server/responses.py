@@ -13,8 +13,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..config import DecodeConfig
-from ..decoding import BONUS, DRAFT, EASD, ORIGINS, RESAMPLED, TARGET, Stats, TokenEvent, json_number
+from ..engine.config import DecodeConfig
+from ..engine.decoding import BONUS, DRAFT, EASD, ORIGINS, RESAMPLED, TARGET, Stats, TokenEvent, json_number
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 

@@ -34,13 +34,13 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from . import rpc as _rpc
-from .errors import (ChatTemplateError, ConfigError, ContextOverflowError, ModelLoadError, NonFiniteLogitsError,
+from ..errors import (ChatTemplateError, ConfigError, ContextOverflowError, ModelLoadError, NonFiniteLogitsError,
                      RpcError, RuntimeFailure)
 from . import gguf_info
 from .gguf_file import check_gguf_file
 from .gguf_info import file_type_name
 from .load_errors import load_failure_reason
-from .interrupts import deferred_interrupt
+from ..interrupts import deferred_interrupt
 from .text import check_text
 
 try:

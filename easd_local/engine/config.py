@@ -10,7 +10,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .modes import MODE_TABLE, MODES, Mode, mode_info  # noqa: F401  (MODES: re-exported for callers of config)
 
 # Modes whose output is the target's own (greedy: the target's tokens; sampling: its law).

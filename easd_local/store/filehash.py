@@ -30,8 +30,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from . import paths
-from .fsutil import write_json_atomic
+from .. import paths
+from ..fsutil import write_json_atomic
 
 CACHE_NAME = "hash-cache.json"
 BLOCK = 1 << 20

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import __version__, filehash
-from .runtime import LoadOptions, backends, gpu_offload_supported, system_info
+from .. import __version__
+from . import filehash
+from ..engine.runtime import LoadOptions, backends, gpu_offload_supported, system_info
 
 UNKNOWN_ENV = "unknown"  # how reports name the environment of rows written before provenance
 
@@ -148,7 +149,7 @@ def _show(v: Any) -> str:
 def git_state() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the git checkout easd_local is imported from; (None, None) when
     it is not a checkout (an installed wheel) or git is missing."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # easd_local/store/provenance.py -> the checkout
     if not (root / ".git").exists() or not (root / "pyproject.toml").is_file():
         return None, None
 

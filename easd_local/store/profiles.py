@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import filehash, paths
-from .config import DecodeConfig
-from .fsutil import write_json_atomic
-from .errors import ConfigError
+from . import filehash
+from .. import paths
+from ..engine.config import DecodeConfig
+from ..fsutil import write_json_atomic
+from ..errors import ConfigError
 
 PROFILE_SCHEMA = 1
 

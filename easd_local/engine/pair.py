@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PairError
+from ..errors import PairError
 from .runtime import LoadOptions, Model
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE

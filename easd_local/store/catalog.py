@@ -20,10 +20,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from . import paths
-from .errors import ConfigError, ModelLoadError
+from .. import paths
+from ..errors import ConfigError, ModelLoadError
 from . import filehash
-from .gguf_file import check_gguf_file
+from ..engine.gguf_file import check_gguf_file
 
 ROLES = ("draft", "target")
 SOURCE_KINDS = ("hf", "pypi", "path")
@@ -120,7 +120,7 @@ def builtin_catalog_path() -> Path:
     override = os.environ.get("EASD_LOCAL_CATALOG")
     if override:
         return Path(override).expanduser()
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the easd_local package
     installed = here / "catalog_data" / "catalog.toml"
     if installed.is_file():
         return installed

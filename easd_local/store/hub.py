@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from .catalog import ModelEntry
-from .errors import ConfigError, PullError
+from ..errors import ConfigError, PullError
 
 PREFIX = "hf:"
 DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's -hf default

@@ -1,6 +1,6 @@
 """Decoding one sequence: target-only, draft-only, SD, EASD and target-first EASD.
 
-The work is done by ``easd_local.scheduler`` (one stepper per mode; many sequences at
+The work is done by ``easd_local.engine.scheduler`` (one stepper per mode; many sequences at
 once); ``generate`` is its one-sequence case, and this module holds what both share: the
 events, the statistics and the cache invariant below.
 
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Iterator, Sequence, Union
 
 from .config import DecodeConfig
-from .jsonsafe import json_number
+from ..jsonsafe import json_number
 from .modes import MODE_TABLE
 from .rules import BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET
 from .runtime import Model
@@ -249,7 +249,7 @@ def generate(
 ) -> Iterator[Event]:
     """Decode from ``prompt`` with ``cfg.mode``; yield TokenEvents then one Finished.
 
-    The one-sequence case of :class:`easd_local.scheduler.Scheduler` (slot 0, whose
+    The one-sequence case of :class:`easd_local.engine.scheduler.Scheduler` (slot 0, whose
     caches it reuses by longest common prefix). ``n_vocab`` is the shared vocabulary of
     the pair (logits beyond it are ignored); ``rng_seed`` seeds the sampling generator
     (default ``cfg.seed``). A failure inside the sequence is raised. ``stopper``: see

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .config import DecodeConfig
-from .errors import ConfigError
-from .modes import mode_info
+from ..engine.config import DecodeConfig
+from ..errors import ConfigError
+from ..engine.modes import mode_info
 from .profiles import Profile, apply_thresholds, find_profile
 
 

@@ -53,7 +53,7 @@ import numpy as np
 from . import rules
 from .config import DecodeConfig
 from .decoding import DRAFT_ONLY, TARGET, Finished, Stats, TokenEvent, fits_context
-from .errors import ConfigError, ContextOverflowError, EasdError, RuntimeFailure
+from ..errors import ConfigError, ContextOverflowError, EasdError, RuntimeFailure
 from .pair import Pair
 from .runtime import Detokenizer, Model, Part
 

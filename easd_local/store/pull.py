@@ -38,8 +38,8 @@ from urllib.parse import urlsplit
 
 from . import filehash
 from .catalog import ModelEntry, PairEntry, is_present, local_path
-from .errors import PullError
-from .units import human_size
+from ..errors import PullError
+from ..units import human_size
 
 Progress = Callable[[int, int, str], None]
 

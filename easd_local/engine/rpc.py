@@ -16,7 +16,7 @@ import socket
 import struct
 from pathlib import Path
 
-from .errors import ConfigError, RpcError
+from ..errors import ConfigError, RpcError
 
 # The HELLO handshake of the vendored ggml-rpc (ggml-rpc.h, ggml-rpc.cpp, transport.h):
 # | cmd u8 = 14 | size u64 = 24 | conn_caps[24] |  ->  | size u64 = 28 | major minor patch pad caps[24] |
@@ -130,7 +130,7 @@ def backend_dir() -> Path:
     explicit = os.environ.get(ENV_DIR)
     if explicit:
         return Path(explicit).expanduser()
-    from . import paths
+    from .. import paths
 
     return paths.home() / "llama.cpp-build" / f"llama-cpp-python-{llama_cpp_python_version()}" / "rpc"
 
