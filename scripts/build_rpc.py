@@ -48,7 +48,7 @@ def log(msg: str) -> None:
 
 def installed_libs() -> tuple[Path, Path, dict]:
     """(libggml-base, libggml, {ggml_version, ggml_commit}) of the installed llama-cpp-python."""
-    from easd_local.engine.runtime import ggml_build, ggml_lib_paths
+    from easd_local.engine.devices import ggml_build, ggml_lib_paths
 
     paths = ggml_lib_paths()
     if set(paths) != {"ggml", "ggml-base"}:

@@ -120,7 +120,7 @@ def test_chat_two_turns_and_commands(tiny_draft, tiny_target, home, tmp_path):
     assert "mode" in kinds and "set" in kinds and "system" in kinds and "reset" in kinds
     replies = [row for row in rows if row["event"] == "assistant"]
     from easd_local.chat import auto_mode
-    from easd_local.engine.runtime import gpu_offload_supported
+    from easd_local.engine.devices import gpu_offload_supported
 
     assert replies[0]["stats"]["mode"] == auto_mode(gpu_offload_supported(), -1, True)[0]
     assert replies[1]["stats"]["mode"] == "sd"
@@ -424,7 +424,7 @@ def test_banner_says_which_mode_was_chosen(tiny_draft, tiny_target, tmp_path, mo
                                  "--max-tokens", "4", "--threads", "1"], input="hi\n")
     assert r.exit_code == 0, r.output
     from easd_local.chat import auto_mode
-    from easd_local.engine.runtime import gpu_offload_supported
+    from easd_local.engine.devices import gpu_offload_supported
 
     mode, why = auto_mode(gpu_offload_supported(), -1, True)
     assert f"mode {mode} (auto: {why})" in r.output

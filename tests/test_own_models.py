@@ -298,7 +298,7 @@ def test_inspect_never_loads_llama_cpp(home, tiny_target, monkeypatch):
 
 
 def test_check_load_says_where_layers_went(home, tiny_draft, tiny_target):
-    from easd_local.engine.runtime import gpu_offload_supported
+    from easd_local.engine.devices import gpu_offload_supported
 
     r = cli("models", "check", tiny_draft, tiny_target, "--load", "--json", "-c", "512")
     assert r.exit_code == 0, r.output

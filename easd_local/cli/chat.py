@@ -16,7 +16,7 @@ from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter, 
 from ..engine.config import not_lossless
 from ..errors import EasdError
 from ..engine.pair import open_models
-from ..engine.runtime import gpu_offload_supported
+from ..engine.devices import gpu_offload_supported
 from ..store.resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly

@@ -13,7 +13,7 @@ from rich.text import Text
 from ..store import provenance
 from ..chat import auto_mode
 from ..engine.config import DecodeConfig, not_lossless
-from ..engine.runtime import gpu_offload_supported
+from ..engine.devices import gpu_offload_supported
 from ..errors import ChatTemplateError, ConfigError
 from ..engine.decoding import Finished, generate as decode_stream
 from ..engine.near_ties import gate_margin

@@ -148,7 +148,7 @@ def parallel_options(parallel: int | None, topts: LoadOptions, dopts: LoadOption
     from dataclasses import replace
 
     from ..bench.runner import default_parallel
-    from ..engine.runtime import gpu_offload_supported
+    from ..engine.devices import gpu_offload_supported
 
     if parallel is None:
         parallel = default_parallel(gpu_offload_supported() and topts.n_gpu_layers != 0)

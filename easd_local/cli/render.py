@@ -8,7 +8,7 @@ from typing import Iterable
 from ..engine.decoding import BONUS, DRAFT, EASD, RESAMPLED, TRACE_NAMES, Stats, TokenEvent, acceptance_text
 from ..jsonsafe import json_number
 from ..engine.modes import mode_info
-from ..engine.runtime import backends, system_info
+from ..engine.devices import backends, system_info
 from ..units import human_size
 
 # the target's own choices (target mode, easd-tf) and draft mode's tokens stay plain

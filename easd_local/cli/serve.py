@@ -14,7 +14,7 @@ from ..engine.config import DecodeConfig
 from ..errors import ConfigError, EasdError
 from ..engine.pair import open_models
 from ..store.resolve import resolve_config, resolve_pair
-from ..engine.runtime import gpu_offload_supported
+from ..engine.devices import gpu_offload_supported
 from . import options as o
 from .common import err_console, friendly
 from .pull_ui import DownloadUI

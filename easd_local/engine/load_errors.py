@@ -1,6 +1,6 @@
 """Why llama.cpp could not load a model file, in one line, from what it logged.
 
-llama.cpp explains a NULL model only in its log; ``runtime`` captures the log and this
+llama.cpp explains a NULL model only in its log; ``llama_log`` captures the log and this
 module (pure string work, no llama.cpp) picks the most specific explanation.
 """
 

@@ -1,5 +1,5 @@
 """llama.cpp RPC servers: endpoint parsing, a reachability probe, and where the RPC backend
-built by ``scripts/build_rpc.py`` lives. No ctypes here (``runtime`` registers the devices).
+built by ``scripts/build_rpc.py`` lives. No ctypes here (``devices`` registers them).
 
 An ``rpc-server`` (llama.cpp's ``tools/rpc``) lends its devices to another process over TCP;
 llama.cpp then places model layers on them as on local GPUs. The protocol has no

@@ -1,7 +1,8 @@
 """One llama.cpp model: load, batched decode with logits at chosen positions, KV rollback,
 tokenize/detokenize and chat-template rendering.
 
-This is the only module that touches ctypes. It wraps llama-cpp-python's low-level API
+With ``llama_log`` (llama.cpp's log) and ``devices`` (backends, RPC servers, placement) it is
+the runtime layer, the only modules that touch ctypes. It wraps llama-cpp-python's low-level API
 directly (not ``llama_cpp.Llama``) because speculative decoding needs two things the
 high-level class does not give cheaply: logits for a handful of chosen positions of one
 batch (``logits_all=True`` would allocate n_ctx × n_vocab floats, 2.5 GB with a 152k
@@ -25,23 +26,10 @@ import ctypes
 import os
 import re
 import secrets
-import threading
-from collections import Counter, deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import numpy as np
-
-from . import rpc as _rpc
-from ..errors import (ChatTemplateError, ConfigError, ContextOverflowError, ModelLoadError, NonFiniteLogitsError,
-                     RpcError, RuntimeFailure)
-from . import gguf_info
-from .gguf_file import check_gguf_file
-from .gguf_info import file_type_name
-from .load_errors import load_failure_reason
-from ..interrupts import deferred_interrupt
-from .text import check_text
 
 try:
     import llama_cpp as _ll
@@ -50,73 +38,12 @@ except ImportError as _e:  # pragma: no cover - import-time guard for a broken i
         "llama-cpp-python is not installed; install easd-local with pip (see README)"
     ) from _e
 
-
-# --------------------------------------------------------------------------- logging
-class _LogSink:
-    """Receives llama.cpp's log. Quiet by default; keeps the tail so that a failed load
-    can say *why* (llama.cpp returns NULL and explains only in its log)."""
-
-    def __init__(self) -> None:
-        self.verbose = False
-        self.tail: deque[str] = deque(maxlen=64)
-        self._lock = threading.Lock()
-        self._partial = ""
-        self.layer_devices: list[str] = []  # device of each layer, in order, since mark()
-        self.buffer_lines: list[str] = []  # llama.cpp's "... buffer size = N MiB" lines since mark()
-        # keep a reference: ctypes callbacks must outlive their registration
-        self._cb = _ll.llama_log_callback(self._on_log)
-
-    def _on_log(self, level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        s = text.decode("utf-8", errors="replace") if text else ""
-        if self.verbose:
-            try:
-                os.write(2, s.encode("utf-8", errors="replace"))
-            except OSError:
-                pass
-        with self._lock:
-            self._partial += s
-            while "\n" in self._partial:
-                line, self._partial = self._partial.split("\n", 1)
-                if line.strip():
-                    self.tail.append(line.strip())
-                # llama.cpp states each layer's device only in its (debug) log:
-                # "load_tensors: layer   3 assigned to device RPC0, is_swa = 0"
-                if line.startswith("load_tensors: layer ") and " assigned to device " in line:
-                    self.layer_devices.append(line.split(" assigned to device ", 1)[1].split(",", 1)[0].strip())
-                # and the memory it takes: "llama_kv_cache:        CPU KV buffer size =     0.50 MiB"
-                elif " buffer size = " in line:
-                    self.buffer_lines.append(line.strip())
-
-    def mark(self) -> int:
-        with self._lock:
-            self.tail.clear()
-            self._partial = ""
-            self.layer_devices = []
-            self.buffer_lines = []
-        return 0
-
-    def errors(self) -> list[str]:
-        with self._lock:
-            lines = list(self.tail) + ([self._partial.strip()] if self._partial.strip() else [])
-        keys = ("error", "failed", "unknown", "invalid", "not within", "corrupt", "unsupported")
-        return [ln for ln in lines if any(k in ln.lower() for k in keys)]
-
-
-_BUFFER = re.compile(r"(\S+)\s+(model|KV|compute) buffer size =\s*([\d.]+) MiB")
-
-_SINK: _LogSink | None = None
-_INIT_LOCK = threading.Lock()
-
-
-def _ensure_backend(verbose: bool) -> _LogSink:
-    global _SINK
-    with _INIT_LOCK:
-        if _SINK is None:
-            _SINK = _LogSink()
-            _ll.llama_log_set(_SINK._cb, ctypes.c_void_p(0))
-            _ll.llama_backend_init()
-        _SINK.verbose = verbose
-        return _SINK
+from ..errors import ChatTemplateError, ContextOverflowError, ModelLoadError, NonFiniteLogitsError, RuntimeFailure
+from ..interrupts import deferred_interrupt
+from . import devices, gguf_info, llama_log
+from .gguf_file import check_gguf_file
+from .gguf_info import file_type_name
+from .text import check_text
 
 
 # --------------------------------------------------------------------------- options/facts
@@ -171,27 +98,6 @@ def tensor_type_histogram(path: str | os.PathLike) -> dict[str, int]:
     return gguf_info.read_gguf_info(path).tensor_types
 
 
-@dataclass(frozen=True)
-class LoadMemory:
-    """What a loaded model takes, as llama.cpp's load log says it (its MiB, in bytes here)."""
-
-    model_bytes: int  # weights buffers ("model buffer size"), all devices
-    kv_bytes: int  # KV cache buffers ("KV buffer size")
-    compute_bytes: int  # compute buffers ("compute buffer size")
-
-
-def parse_buffers(lines: Sequence[str]) -> LoadMemory:
-    """LoadMemory from llama.cpp's "... buffer size = N MiB" lines (pure: tested without a GPU)."""
-    sizes = {"model": 0.0, "KV": 0.0, "compute": 0.0}
-    for ln in lines:
-        m = _BUFFER.search(ln)
-        if m:
-            sizes[m.group(2)] += float(m.group(3))
-    mib = 1 << 20
-    return LoadMemory(model_bytes=int(sizes["model"] * mib), kv_bytes=int(sizes["KV"] * mib),
-                      compute_bytes=int(sizes["compute"] * mib))
-
-
 def padded_ctx(n_ctx: int) -> int:
     """The context llama.cpp actually allocates for ``n_ctx`` (it rounds up to 256)."""
     return -(-max(1, n_ctx) // 256) * 256
@@ -222,233 +128,6 @@ class Part(NamedTuple):
     logits_at: Sequence[int] = (-1,)
 
 
-def gpu_offload_supported() -> bool:
-    """Whether this llama.cpp build can offload layers (CUDA, Metal, Vulkan...)."""
-    return bool(_ll.llama_supports_gpu_offload())
-
-
-def system_info() -> str:
-    """llama.cpp's own ``llama_print_system_info()``: each compiled-in backend and its
-    features, e.g. ``"CPU : SSE3 = 1 | AVX2 = 1 | ... | OPENMP = 1 | "``."""
-    raw = _ll.llama_print_system_info()
-    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw or "")
-    return text.strip()
-
-
-def backends(info: str) -> list[str]:
-    """The backend names in a ``system_info()`` string, in llama.cpp's order (["CUDA",
-    "CPU"]): each backend's section starts with ``NAME : ``."""
-    return [item.split(" : ", 1)[0].strip() for item in info.split("|") if " : " in item]
-
-
-# --------------------------------------------------------------------------- devices (RPC)
-# What llama.cpp's own ``--rpc`` does (common/arg.cpp add_rpc_devices): find the "RPC" backend
-# in ggml's registry, take its ggml_backend_rpc_add_server, call that per endpoint, and give
-# the servers' devices to the model (llama_model_params.devices, NULL-terminated). Unlike
-# llama.cpp the per-server registries are not registered globally: a model loaded without
-# --rpc (the draft, usually) keeps llama.cpp's default device choice, which would otherwise
-# put its layers on the RPC servers as well.
-_DEV_GPU, _DEV_IGPU = 1, 2  # enum ggml_backend_dev_type
-_ABORT_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-_ADD_SERVER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
-_GGML_SIGS = {  # name: (restype, argtypes); in libggml (registry) or libggml-base
-    "ggml_backend_reg_by_name": (ctypes.c_void_p, [ctypes.c_char_p]),
-    "ggml_backend_load": (ctypes.c_void_p, [ctypes.c_char_p]),
-    "ggml_backend_reg_get_proc_address": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]),
-    "ggml_backend_reg_dev_count": (ctypes.c_size_t, [ctypes.c_void_p]),
-    "ggml_backend_reg_dev_get": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]),
-    "ggml_backend_reg_name": (ctypes.c_char_p, [ctypes.c_void_p]),
-    "ggml_backend_dev_count": (ctypes.c_size_t, []),
-    "ggml_backend_dev_get": (ctypes.c_void_p, [ctypes.c_size_t]),
-    "ggml_backend_dev_type": (ctypes.c_int, [ctypes.c_void_p]),
-    "ggml_backend_dev_name": (ctypes.c_char_p, [ctypes.c_void_p]),
-    "ggml_backend_dev_description": (ctypes.c_char_p, [ctypes.c_void_p]),
-    "ggml_backend_dev_backend_reg": (ctypes.c_void_p, [ctypes.c_void_p]),
-    "ggml_set_abort_callback": (ctypes.c_void_p, [_ABORT_CB]),
-    "ggml_commit": (ctypes.c_char_p, []),
-    "ggml_version": (ctypes.c_char_p, []),
-}
-
-
-def ggml_lib_paths() -> dict[str, Path]:
-    """llama-cpp-python's shared ggml libraries: {"ggml": registry, "ggml-base": core}."""
-    libdir = Path(_ll.__file__).parent / "lib"
-    out = {}
-    for stem in ("ggml", "ggml-base"):
-        found = [libdir / n for n in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll") if (libdir / n).exists()]
-        if found:
-            out[stem] = found[0]
-    return out
-
-
-def ggml_build() -> dict[str, str]:
-    """The installed ggml's version and commit: what an RPC backend built for it must match."""
-    fn = _devices().fn
-    return {k: (fn[k]() or b"").decode() for k in ("ggml_version", "ggml_commit")}
-
-
-class _Devices:
-    """ggml's device registry and the RPC servers this process uses (one per process)."""
-
-    def __init__(self) -> None:
-        libdir = Path(_ll.__file__).parent / "lib"
-        # already loaded by libllama: CDLL returns the same handles
-        libs = [ctypes.CDLL(str(p)) for p in ggml_lib_paths().values()]
-        self.fn = {}
-        for name, (res, args) in _GGML_SIGS.items():
-            f = next((getattr(lib, name) for lib in libs if hasattr(lib, name)), None)
-            if f is None:
-                raise RpcError(f"this llama-cpp-python's ggml ({libdir}) lacks {name}: too old for --rpc")
-            f.restype, f.argtypes = res, args
-            self.fn[name] = f
-        self.lock = threading.Lock()
-        self.servers: dict[str, list[int]] = {}  # endpoint -> its devices
-        self._add_server = None
-        self._abort_cb = None
-
-    def _name(self, dev: int) -> str:
-        return (self.fn["ggml_backend_dev_name"](dev) or b"?").decode("utf-8", "replace")
-
-    def label(self, name: str) -> str:
-        """A device name with where it is: ``RPC0 (10.0.0.2:50052)``; local ones as named."""
-        for ep, devs in self.servers.items():
-            if any(self._name(d) == name for d in devs):
-                return f"{name} ({ep})"
-        return name
-
-    def _rpc_backend(self):
-        """ggml_backend_rpc_add_server of the built-in RPC backend, else of the one that
-        scripts/build_rpc.py built (loaded with ggml_backend_load, as GGML_BACKEND_DL does)."""
-        if self._add_server is not None:
-            return self._add_server
-        fn = self.fn
-        reg = fn["ggml_backend_reg_by_name"](b"RPC")
-        if not reg:
-            folder = _rpc.backend_dir()
-            lib = folder / _rpc.LIB_NAME
-            if not lib.is_file():
-                raise RpcError(_rpc.how_to_get())
-            built_for = _rpc.read_build_info(folder).get("ggml_commit")
-            have = ggml_build()["ggml_commit"]
-            if built_for != have:
-                raise RpcError(
-                    f"the RPC backend in {folder} was built for ggml {built_for or 'unknown'}, this "
-                    f"llama-cpp-python has ggml {have}: rebuild it with `python scripts/build_rpc.py --force`"
-                )
-            sink = _SINK or _ensure_backend(False)
-            sink.mark()
-            reg = fn["ggml_backend_load"](str(lib).encode())
-            if not reg:
-                why = "; ".join(sink.errors()[-2:]) or "see --verbose"
-                raise RpcError(f"llama.cpp could not load {lib} ({why}): rebuild it with `python scripts/build_rpc.py --force`")
-        addr = fn["ggml_backend_reg_get_proc_address"](reg, b"ggml_backend_rpc_add_server")
-        if not addr:
-            raise RpcError("this llama.cpp's RPC backend has no ggml_backend_rpc_add_server (too old for --rpc)")
-        self._add_server = _ADD_SERVER(addr)
-        return self._add_server
-
-    def _install_abort_handler(self) -> None:
-        # ggml-rpc aborts the process when a server drops (RPC_STATUS_ASSERT -> GGML_ABORT);
-        # ggml calls this first, so the CLI can say so in one line before the process ends.
-        if self._abort_cb is None and _FATAL_HANDLER is not None:
-            self._abort_cb = _ABORT_CB(self._on_abort)
-            self.fn["ggml_set_abort_callback"](self._abort_cb)
-
-    def _on_abort(self, message: bytes) -> None:
-        text = (message or b"").decode("utf-8", "replace").strip()
-        head, sep, rest = text.partition(": ")  # "ggml-rpc.cpp:566: Remote RPC server crashed ..."
-        detail = rest if sep and ".c" in head else text
-        servers = ", ".join(self.servers) or "none"
-        if "rpc" in text.lower():
-            line = f"lost the RPC server ({servers}): {detail}; the run was abandoned"
-        else:
-            line = f"llama.cpp aborted: {detail}"
-        try:
-            _FATAL_HANDLER(line)
-        finally:
-            os._exit(RpcError.exit_code)
-
-    def rpc_devices(self, endpoint: str) -> list[int]:
-        with self.lock:
-            if endpoint not in self.servers:
-                # only on first use: rpc-server serves one client at a time, and once a model
-                # uses the server this process's own connection keeps it busy
-                _rpc.probe(endpoint)
-                add = self._rpc_backend()
-                self._install_abort_handler()
-                reg = add(endpoint.encode())
-                n = int(self.fn["ggml_backend_reg_dev_count"](reg)) if reg else 0
-                if n == 0:
-                    raise RpcError(f"RPC server {endpoint} offers no devices")
-                self.servers[endpoint] = [self.fn["ggml_backend_reg_dev_get"](reg, i) for i in range(n)]
-            return list(self.servers[endpoint])
-
-    def local_gpus(self) -> list[int]:
-        """The local GPUs llama.cpp would pick by default: discrete ones, else integrated.
-        (llama.cpp also skips a GPU seen twice through two backends; not needed here.)"""
-        fn = self.fn
-        gpus: list[int] = []
-        igpus: list[int] = []
-        for i in range(int(fn["ggml_backend_dev_count"]())):
-            dev = fn["ggml_backend_dev_get"](i)
-            kind = fn["ggml_backend_dev_type"](dev)
-            reg_name = (fn["ggml_backend_reg_name"](fn["ggml_backend_dev_backend_reg"](dev)) or b"").decode()
-            if kind == _DEV_GPU and not reg_name.startswith("RPC"):
-                gpus.append(dev)
-            elif kind == _DEV_IGPU:
-                igpus.append(dev)
-        return gpus or igpus
-
-
-_DEVICES: _Devices | None = None
-_FATAL_HANDLER = None
-
-
-def _devices() -> _Devices:
-    global _DEVICES
-    with _INIT_LOCK:
-        if _DEVICES is None:
-            _DEVICES = _Devices()
-        return _DEVICES
-
-
-def set_fatal_handler(handler) -> None:
-    """``handler(message)`` runs when llama.cpp is about to abort the process (an RPC server
-    dropped mid-run): it can report the one line; the process then exits with code 2."""
-    global _FATAL_HANDLER
-    _FATAL_HANDLER = handler
-
-
-def _model_devices(opts: "LoadOptions"):
-    """(NULL-terminated device array or None, ctypes float array or None) for the model
-    parameters. None keeps llama.cpp's default choice (all local GPUs)."""
-    devs = None
-    if opts.rpc:
-        d = _devices()
-        found = [dev for ep in opts.rpc for dev in d.rpc_devices(ep)]
-        # RPC devices first, as llama.cpp orders them ("to minimize network transfers")
-        found += d.local_gpus()
-        devs = (ctypes.c_void_p * (len(found) + 1))(*found, None)
-    split = None
-    if opts.tensor_split:
-        n_max = int(_ll.llama_max_devices())
-        n_dev = len(devs) - 1 if devs is not None else n_max
-        if len(opts.tensor_split) > min(n_dev, n_max):
-            n = min(n_dev, n_max)
-            raise ConfigError(
-                f"--tensor-split gives {len(opts.tensor_split)} shares, but there {'is' if n == 1 else 'are'} "
-                f"{n} device{'' if n == 1 else 's'} to split over"
-            )
-        split = (ctypes.c_float * n_max)(*opts.tensor_split)
-    return devs, split
-
-
-def placement(layer_devices: Sequence[str]) -> dict[str, int]:
-    """Layers per device, in first-use order (llama.cpp counts the output layer as one)."""
-    d = _DEVICES
-    return {(d.label(name) if d is not None else name): n for name, n in Counter(layer_devices).items()}
-
-
 def _one_line(e: Exception) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
     line = getattr(e, "lineno", None)
@@ -474,16 +153,16 @@ class Model:
         self.n_seq = max(1, int(opts.n_seq))
         self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
-        sink = _ensure_backend(opts.verbose)
+        sink = llama_log.ensure_backend(opts.verbose)
         sink.mark()
 
         mparams = _ll.llama_model_default_params()
         mparams.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 0x7FFFFFFF
         mparams.main_gpu = opts.main_gpu
         mparams.vocab_only = vocab_only
-        devices, split = _model_devices(opts) if not vocab_only else (None, None)
-        if devices is not None:
-            mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
+        devs, split = devices.model_devices(opts.rpc, opts.tensor_split) if not vocab_only else (None, None)
+        if devs is not None:
+            mparams.devices = ctypes.cast(devs, ctypes.c_void_p)
         if split is not None:
             mparams.tensor_split = split
         # llama.cpp logs through a Python callback while it loads, where a KeyboardInterrupt
@@ -498,16 +177,16 @@ class Model:
                     _ll.llama_model_free(model)
                 model = None
         if not model:
-            raise ModelLoadError(self._load_failure_reason(sink))
+            raise ModelLoadError(sink.load_failure(self.path))
         self._model = model
-        self.placement = placement(sink.layer_devices)  # device label -> layers
+        self.placement = devices.placement(sink.layer_devices)  # device label -> layers
         self._vocab = _ll.llama_model_get_vocab(model)
         self.n_vocab = int(_ll.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(_ll.llama_model_n_ctx_train(model))
         self.architecture = self.meta("general.architecture") or "unknown"
         self.recurrent = bool(_ll.llama_model_is_recurrent(model) or _ll.llama_model_is_hybrid(model))
         self.n_ctx = 0
-        self.memory: LoadMemory | None = None
+        self.memory: llama_log.LoadMemory | None = None
         if vocab_only:
             return
 
@@ -517,7 +196,7 @@ class Model:
         per_seq = padded_ctx(opts.n_ctx if opts.n_ctx > 0 else self.n_ctx_train)
         n_ctx = per_seq * self.n_seq
         need = self.kv_cache_bytes(n_ctx)
-        if opts.n_gpu_layers == 0 or not gpu_offload_supported():  # on a GPU llama.cpp refuses it itself
+        if opts.n_gpu_layers == 0 or not devices.gpu_offload_supported():  # on a GPU llama.cpp refuses it itself
             avail = available_memory()
             if avail is not None and need > avail:
                 self.close()
@@ -541,7 +220,7 @@ class Model:
         with deferred_interrupt():
             ctx = _ll.llama_init_from_model(model, cparams)
             self._ctx = ctx or None  # close() frees it if Ctrl-C ends the load here
-        self.memory = parse_buffers(sink.buffer_lines)
+        self.memory = llama_log.parse_buffers(sink.buffer_lines)
         if not ctx:
             reason = "; ".join(sink.errors()[-2:]) or "llama.cpp could not create a context"
             self.close()
@@ -558,11 +237,6 @@ class Model:
         self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
 
     # ------------------------------------------------------------------ lifecycle
-    def _load_failure_reason(self, sink: _LogSink) -> str:
-        with sink._lock:
-            tail = list(sink.tail)
-        return load_failure_reason(self.path, self.path.stat().st_size, sink.errors(), tail)
-
     def close(self) -> None:
         # Each handle is taken off the object before it is freed: a Ctrl-C between the two
         # steps then leaks it, where the other order would free it again from __del__ (a

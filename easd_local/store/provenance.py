@@ -32,7 +32,8 @@ from typing import Any, Mapping
 
 from .. import __version__
 from . import filehash
-from ..engine.runtime import LoadOptions, backends, gpu_offload_supported, system_info
+from ..engine.devices import backends, gpu_offload_supported, system_info
+from ..engine.runtime import LoadOptions
 
 UNKNOWN_ENV = "unknown"  # how reports name the environment of rows written before provenance
 
