@@ -267,7 +267,7 @@ def collect(
     if n < 1:
         raise ConfigError(f"--top-n must be >= 1, got {top_n}")
     trace = Trace(top_n=n)
-    eog = target.eog_ids()
+    eog = target.vocab.eog_ids()
     ctx = min(target.n_ctx, draft.n_ctx)
     t0 = time.perf_counter()
     prompts = [list(p) for p in prompts]

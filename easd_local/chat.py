@@ -259,7 +259,7 @@ class ChatSession:
         self.totals = SessionTotals()
         self._pending: dict | None = None  # the reply being generated
         self._template_model = target if target is not None else draft
-        broken = self._template_model.chat_template_error()
+        broken = self._template_model.vocab.chat_template_error()
         if broken is not None:  # before the first message, not at it
             raise ConfigError(f"{broken}; chat needs one (use `generate --raw` for plain completion)")
         self._log(
@@ -299,7 +299,7 @@ class ChatSession:
         return out
 
     def render(self, messages: list[dict] | None = None) -> list[int]:
-        return self._template_model.chat_tokens(self.context_messages() if messages is None else messages)
+        return self._template_model.vocab.chat_tokens(self.context_messages() if messages is None else messages)
 
     def _check_mode(self, mode: str) -> None:
         info = mode_info(mode)

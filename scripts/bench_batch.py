@@ -49,7 +49,7 @@ def one_b(a) -> dict:
     base = DecodeConfig(max_tokens=a.max_tokens, gamma=a.gamma, tau_draft=a.tau_draft, tau_target=a.tau_target)
     pair = load_pair(a.draft, a.target, LoadOptions(n_ctx=a.ctx, n_threads=a.threads, n_seq=B))
     problems = load_dataset("gsm8k", limit=a.prompts)
-    prompts = [pair.target.chat_tokens(build_messages(p.question)) for p in problems]
+    prompts = [pair.target.vocab.chat_tokens(build_messages(p.question)) for p in problems]
     out = {"B": B, "kv_bytes": pair.target.kv_bytes + pair.draft.kv_bytes, "modes": {}}
     # time spent evaluating prompts (decodes that ask for no logits): subtracted for the
     # decode-only aggregate, since prompts are evaluated one at a time at every B

@@ -69,7 +69,7 @@ def main() -> int:
     problems = load_dataset("gsm8k", limit=a.n_prompts)
     agg = {m: Stats() for m in modes}
     for prob in problems:
-        prompt = pair.target.chat_tokens(build_messages(prob.question))
+        prompt = pair.target.vocab.chat_tokens(build_messages(prob.question))
         for m in modes:
             # a fresh cache for each run: every mode pays for its own prompt
             pair.target.reset()

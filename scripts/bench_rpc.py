@@ -113,7 +113,7 @@ def main() -> int:
         agg = {(m, w): dict.fromkeys(keys, 0) for m in modes for w in ("local", "rpc")}
         same = {m: 0 for m in modes}
         for i, prob in enumerate(problems):
-            prompt = local.chat_tokens(build_messages(prob.question))
+            prompt = local.vocab.chat_tokens(build_messages(prob.question))
             for m in modes:
                 order = ("local", "rpc") if i % 2 == 0 else ("rpc", "local")
                 toks = {}

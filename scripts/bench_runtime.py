@@ -55,7 +55,7 @@ def _rss() -> dict[str, int]:
 def _prompt(model, n: int) -> list[int]:
     toks: list[int] = []
     while len(toks) < n + max(SIZES):
-        toks += model.tokenize(TEXT, add_special=False)
+        toks += model.vocab.tokenize(TEXT, add_special=False)
     return toks
 
 

@@ -506,10 +506,10 @@ def main(argv=None) -> int:
                      f"({source})")
         prompts: list[tuple[Path, list[int]]] = []
         for i, pb in enumerate(problems):
-            text = models.target.apply_chat_template([{"role": "user", "content": pb.question}])
+            text = models.target.vocab.apply_chat_template([{"role": "user", "content": pb.question}])
             f = Path(tmp) / f"prompt_{i:02d}.txt"
             f.write_text(text + "\n", encoding="utf-8")  # llama.cpp's -f drops one trailing newline
-            prompts.append((f, models.target.tokenize(text, add_special=True, parse_special=True)))
+            prompts.append((f, models.target.vocab.tokenize(text, add_special=True, parse_special=True)))
 
         def ours(mode, i, rep):
             r = run_ours(models, prompts[i][1], mode, args, cfg_base)

@@ -264,7 +264,7 @@ def test_collect_in_parallel_equals_one_at_a_time(tiny_draft, tiny_target):
 
     texts = ["The quick brown fox", "Once upon a time there was", "In the beginning", "hello world, hello"]
     with load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=256, n_threads=1, n_seq=3)) as p:
-        prompts = [p.target.tokenize(t) for t in texts]
+        prompts = [p.target.vocab.tokenize(t) for t in texts]
         one = cal.collect(p.draft, p.target, prompts, max_tokens=20, chunk=7, n_vocab=p.n_vocab)
         p.target.reset()
         p.draft.reset()

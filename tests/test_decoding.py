@@ -101,7 +101,7 @@ def check_stats(fin: Finished, events):
 def test_greedy_sd_reproduces_target(pair):
     diverged = 0
     for text in PROMPTS:
-        prompt = pair.target.tokenize(text)
+        prompt = pair.target.vocab.tokenize(text)
         ref, _ = run(pair, prompt, mode="target", max_tokens=64)
         got, ev = run(pair, prompt, mode="sd", max_tokens=64)
         check_stats(got, ev)
@@ -110,7 +110,7 @@ def test_greedy_sd_reproduces_target(pair):
 
 
 def test_sd_statistics_have_both_outcomes(pair):
-    prompt = pair.target.tokenize(PROMPTS[0])
+    prompt = pair.target.vocab.tokenize(PROMPTS[0])
     fin, ev = run(pair, prompt, mode="sd", max_tokens=96)
     check_stats(fin, ev)
     s = fin.stats
@@ -124,7 +124,7 @@ def test_sd_statistics_have_both_outcomes(pair):
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_easd_with_gate_off_equals_sd(pair, temperature):
     for text in PROMPTS[:4]:
-        prompt = pair.target.tokenize(text)
+        prompt = pair.target.vocab.tokenize(text)
         sd, _ = run(pair, prompt, mode="sd", max_tokens=64, temperature=temperature, seed=11)
         for off in (dict(tau_draft=INF), dict(tau_target=INF)):
             easd, ev = run(pair, prompt, mode="easd", max_tokens=64, temperature=temperature, seed=11, **off)
@@ -134,7 +134,7 @@ def test_easd_with_gate_off_equals_sd(pair, temperature):
 
 
 def test_easd_gate_fires_and_changes_output(pair):
-    prompt = pair.target.tokenize(PROMPTS[1])
+    prompt = pair.target.vocab.tokenize(PROMPTS[1])
     sd, _ = run(pair, prompt, mode="sd", max_tokens=96)
     easd, ev = run(pair, prompt, mode="easd", max_tokens=96, tau_draft=0.5, tau_target=0.5, overlap=0.2)
     check_stats(easd, ev)
@@ -148,7 +148,7 @@ def test_easd_gate_fires_and_changes_output(pair):
 
 
 def test_sampling_is_reproducible_and_seed_dependent(pair):
-    prompt = pair.target.tokenize(PROMPTS[2])
+    prompt = pair.target.vocab.tokenize(PROMPTS[2])
     a, ev = run(pair, prompt, mode="easd", max_tokens=48, temperature=0.8, seed=5)
     b, _ = run(pair, prompt, mode="easd", max_tokens=48, temperature=0.8, seed=5)
     c, _ = run(pair, prompt, mode="easd", max_tokens=48, temperature=0.8, seed=6)
@@ -159,7 +159,7 @@ def test_sampling_is_reproducible_and_seed_dependent(pair):
 
 def test_easd_tf_with_gate_off_equals_target(pair):
     for text in PROMPTS:
-        prompt = pair.target.tokenize(text)
+        prompt = pair.target.vocab.tokenize(text)
         ref, _ = run(pair, prompt, mode="target", max_tokens=64)
         tf, ev = run(pair, prompt, mode="easd-tf", max_tokens=64, tau_target=INF)
         # same single-token target decodes: exactly equal, and the draft is never consulted
@@ -176,7 +176,7 @@ def test_easd_tf_matches_easd_except_on_bonus_tokens(pair):
     gate = dict(tau_draft=0.75, tau_target=0.6, overlap=0.6)
     checked = skipped = fired = bonus_seen = 0
     for text in PROMPTS[:4]:
-        prompt = pair.target.tokenize(text)
+        prompt = pair.target.vocab.tokenize(text)
         easd, ev = run(pair, prompt, mode="easd", max_tokens=40, **gate)
         fired += easd.stats.easd_fires
         for i, e in enumerate(ev):
@@ -200,7 +200,7 @@ def test_easd_tf_matches_easd_except_on_bonus_tokens(pair):
 
 
 def test_easd_tf_statistics(pair):
-    prompt = pair.target.tokenize(PROMPTS[3])
+    prompt = pair.target.vocab.tokenize(PROMPTS[3])
     fin, ev = run(pair, prompt, mode="easd-tf", max_tokens=64, tau_draft=0.5, tau_target=1.0, overlap=0.2)
     check_stats(fin, ev)
     s = fin.stats
@@ -218,7 +218,7 @@ def test_easd_tf_statistics(pair):
 
 
 def test_max_tokens_and_modes(pair):
-    prompt = pair.target.tokenize(PROMPTS[4])
+    prompt = pair.target.vocab.tokenize(PROMPTS[4])
     for mode in ("target", "draft", "sd", "easd", "easd-tf"):
         fin, ev = run(pair, prompt, mode=mode, max_tokens=7, gamma=3)
         assert fin.stats.tokens == 7 and fin.stats.stop_reason == "length"
@@ -227,7 +227,7 @@ def test_max_tokens_and_modes(pair):
 
 
 def test_stop_token_ends_generation(pair):
-    prompt = pair.target.tokenize(PROMPTS[0])
+    prompt = pair.target.vocab.tokenize(PROMPTS[0])
     ref, _ = run(pair, prompt, mode="target", max_tokens=30)
     stop = ref.tokens[10]
     first = ref.tokens.index(stop)
@@ -240,19 +240,19 @@ def test_stop_token_ends_generation(pair):
 def test_prompt_longer_than_context(tiny_draft, tiny_target):
     p = load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=64, n_threads=1))
     with p:
-        long_prompt = p.target.tokenize("word " * 200)
+        long_prompt = p.target.vocab.tokenize("word " * 200)
         # llama.cpp rounds small contexts up (to 256 here): the message names the real size
         with pytest.raises(ContextOverflowError, match=f"context holds {p.target.n_ctx}"):
             run(p, long_prompt, mode="sd", max_tokens=8)
         # generation that reaches the end of the context stops cleanly
-        fin, ev = run(p, p.target.tokenize("hello"), mode="easd", max_tokens=500)
+        fin, ev = run(p, p.target.vocab.tokenize("hello"), mode="easd", max_tokens=500)
         assert fin.stats.stop_reason == "context"
         check_stats(fin, ev)
 
 
 def test_cache_reuse_between_calls(pair):
     """A second call that extends the first's prompt evaluates only the new tokens."""
-    prompt = pair.target.tokenize(PROMPTS[5])
+    prompt = pair.target.vocab.tokenize(PROMPTS[5])
     first, _ = run(pair, prompt, mode="sd", max_tokens=16)
     evaluated = []
     orig = type(pair.target).decode_batch
@@ -263,7 +263,7 @@ def test_cache_reuse_between_calls(pair):
 
     type(pair.target).decode_batch = counting
     try:
-        run(pair, list(prompt) + first.tokens + pair.target.tokenize(" and"), mode="sd", max_tokens=4)
+        run(pair, list(prompt) + first.tokens + pair.target.vocab.tokenize(" and"), mode="sd", max_tokens=4)
     finally:
         type(pair.target).decode_batch = orig
     target_evaluated = sum(n for is_t, n in evaluated if is_t)
@@ -271,7 +271,7 @@ def test_cache_reuse_between_calls(pair):
 
 
 def test_mode_needs_models(pair):
-    prompt = pair.target.tokenize("hi")
+    prompt = pair.target.vocab.tokenize("hi")
     with pytest.raises(ConfigError, match="needs a draft"):
         decoding.generate_all(pair.target, None, prompt, DecodeConfig(mode="sd"))
     with pytest.raises(ConfigError, match="needs a target"):
@@ -283,7 +283,7 @@ def test_mode_needs_models(pair):
 def test_origins_say_what_happened(pair):
     """target mode's tokens are the target's own choices, not resamples; draft mode's are
     the draft's, not accepted drafts; an SD rejection is a resample; the trace names follow."""
-    prompt = pair.target.tokenize(PROMPTS[0])
+    prompt = pair.target.vocab.tokenize(PROMPTS[0])
     fin, ev = run(pair, prompt, mode="target", max_tokens=12)
     assert {e.origin for e in ev} == {TARGET}
     assert fin.stats.target_tokens == fin.stats.tokens > 0 and fin.stats.sd_rejections == 0

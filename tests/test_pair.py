@@ -12,7 +12,7 @@ from easd_local.engine.pair import (
     load_pair,
     open_models,
 )
-from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.engine.runtime import LoadOptions, ModelFile
 
 pytest.importorskip("llama_cpp")
 
@@ -41,13 +41,13 @@ def test_odd_vocabulary_is_rejected_naming_the_token(tiny_target, tiny_odd, tiny
 
 @pytest.fixture
 def vocab_pair(tiny_draft, tiny_target):
-    with Model(tiny_draft, vocab_only=True) as d, Model(tiny_target, vocab_only=True) as t:
+    with ModelFile(tiny_draft) as d, ModelFile(tiny_target) as t:
         yield d, t
 
 
 def test_vocab_size_difference_over_128_is_rejected(vocab_pair, tiny_spec):
     d, t = vocab_pair
-    t.n_vocab = tiny_spec.VOCAB_SIZE + VOCAB_MAX_SIZE_DIFFERENCE + 1
+    t.vocab.n_vocab = tiny_spec.VOCAB_SIZE + VOCAB_MAX_SIZE_DIFFERENCE + 1
     with pytest.raises(PairError) as ei:
         check_compatible(d, t)
     assert str(ei.value) == (
@@ -57,7 +57,7 @@ def test_vocab_size_difference_over_128_is_rejected(vocab_pair, tiny_spec):
 
 def test_vocab_size_difference_of_128_is_allowed_and_the_shared_size_is_the_smaller(vocab_pair, tiny_spec):
     d, t = vocab_pair
-    d.n_vocab = tiny_spec.VOCAB_SIZE + VOCAB_MAX_SIZE_DIFFERENCE
+    d.vocab.n_vocab = tiny_spec.VOCAB_SIZE + VOCAB_MAX_SIZE_DIFFERENCE
     # only ids below the smaller vocabulary are compared (and ever decoded)
     assert check_compatible(d, t) == tiny_spec.VOCAB_SIZE
 

@@ -18,7 +18,7 @@ from easd_local.chat import CHAT_DEFAULTS, ChatSession, TranscriptWriter
 from easd_local.cli import app
 from easd_local.errors import ConfigError, InvalidTextError
 from easd_local.engine.pair import open_models
-from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.engine.runtime import LoadOptions, Model, ModelFile
 
 runner = CliRunner()
 
@@ -163,9 +163,9 @@ def test_chat_refuses_a_bad_line_and_goes_on(tiny_draft, tiny_target, tmp_path, 
 
 
 def test_runtime_tokenize_refuses_surrogates(tiny_target):
-    with Model(tiny_target, vocab_only=True) as m:
+    with ModelFile(tiny_target) as m:
         with pytest.raises(InvalidTextError, match="lone surrogate U\\+DFFF at character 2"):
-            m.tokenize("a\udfff")
+            m.vocab.tokenize("a\udfff")
 
 
 def test_dataset_question_with_a_lone_surrogate(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ import gguf_mutate
 from easd_local.bench.report import load_results
 from easd_local.cli import app
 from easd_local.errors import NonFiniteLogitsError
-from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.engine.runtime import LoadOptions, Model, ModelFile
 
 runner = CliRunner()
 
@@ -45,10 +45,10 @@ def _error_lines(output: str) -> list[str]:
 def test_runtime_refuses_non_finite_logits(broken):
     with Model(broken["nan_target"], LoadOptions(n_ctx=64, n_threads=1)) as m:
         with pytest.raises(NonFiniteLogitsError, match="nan-target.gguf: the model produced NaN or infinite logits"):
-            m.decode(m.tokenize("hello"), logits_at=(-1,))
+            m.decode(m.vocab.tokenize("hello"), logits_at=(-1,))
         # nothing of the failed call is recorded: the cache is usable (and still broken)
         assert m.n_past == 0
-        z = m.decode(m.tokenize("hi"), logits_at=())
+        z = m.decode(m.vocab.tokenize("hi"), logits_at=())
         assert z.shape == (0, m.n_vocab) and m.n_past == 2
 
 
@@ -129,8 +129,8 @@ def test_broken_chat_template_is_one_line_everywhere(broken, tiny_draft, tmp_pat
 
 
 def test_good_template_still_renders(tiny_target):
-    with Model(tiny_target, vocab_only=True) as m:
-        assert m.chat_template_error() is None
-        text = m.apply_chat_template([{"role": "user", "content": "hi"}])
+    with ModelFile(tiny_target) as m:
+        assert m.vocab.chat_template_error() is None
+        text = m.vocab.apply_chat_template([{"role": "user", "content": "hi"}])
         assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-        assert np.asarray(m.chat_tokens([{"role": "user", "content": "hi"}])).size > 0
+        assert np.asarray(m.vocab.chat_tokens([{"role": "user", "content": "hi"}])).size > 0

@@ -213,10 +213,10 @@ def test_target_through_rpc_equals_local(server, tmp_path, tiny_draft, tiny_targ
     i = first_difference(a, b)
     if i is not None:
         # the same CPU code computes both sides; only an argmax near-tie may part them
-        from easd_local.engine.runtime import Model
+        from easd_local.engine.runtime import ModelFile
 
-        with Model(tiny_target, vocab_only=True) as m:
-            prompt = m.tokenize("Once upon a time", add_special=True, parse_special=False)
+        with ModelFile(tiny_target) as m:
+            prompt = m.vocab.tokenize("Once upon a time", add_special=True, parse_special=False)
         margin = argmax_margin(tiny_target, prompt + a[:i])
         assert margin < 1e-3, f"{mode}: texts part at token {i} where the argmax margin is {margin:g}"
 

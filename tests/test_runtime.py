@@ -13,7 +13,8 @@ import pytest
 
 from easd_local.engine import runtime
 from easd_local.errors import ContextOverflowError, RuntimeFailure
-from easd_local.engine.runtime import Detokenizer, LoadOptions, Model
+from easd_local.engine.runtime import LoadOptions, Model, ModelFile
+from easd_local.engine.vocab import Detokenizer, Vocab
 
 pytest.importorskip("llama_cpp")
 
@@ -74,7 +75,7 @@ def fresh(target):
 @pytest.mark.parametrize("key", ["target", "target_q4"])
 def test_batched_logits_match_token_by_token(models, key):
     m = models[key]
-    toks = m.tokenize(_prompt_text())[:256]
+    toks = m.vocab.tokenize(_prompt_text())[:256]
     assert len(toks) == 256
     m.reset()
     single = np.concatenate([m.decode([t]) for t in toks])
@@ -106,7 +107,7 @@ def test_decode_longer_than_n_batch_is_chunked(tiny_target):
     with Model(tiny_target, LoadOptions(n_ctx=N_CTX, n_threads=1, n_batch=64)) as small, Model(
         tiny_target, OPTS
     ) as big:
-        toks = small.tokenize(_prompt_text())[:200]
+        toks = small.vocab.tokenize(_prompt_text())[:200]
         at = (0, 63, 64, 130, -1)
         a = small.decode(toks, logits_at=at)
         b = big.decode(toks, logits_at=at)
@@ -119,7 +120,7 @@ def test_decode_longer_than_n_batch_is_chunked(tiny_target):
 # --------------------------------------------------------------------------- logits_at
 def test_logits_at_rows_shape_dtype_and_order(fresh):
     m = fresh
-    toks = m.tokenize("The quick brown fox jumps over the lazy dog")
+    toks = m.vocab.tokenize("The quick brown fox jumps over the lazy dog")
     n = len(toks)
     full = m.decode(toks, logits_at=tuple(range(n)))
     assert full.shape == (n, m.n_vocab) and full.dtype == np.float32
@@ -136,7 +137,7 @@ def test_logits_at_rows_shape_dtype_and_order(fresh):
 
 def test_logits_at_empty_tuple_decodes_without_logits(fresh):
     m = fresh
-    toks = m.tokenize("Hello there")
+    toks = m.vocab.tokenize("Hello there")
     r = m.decode(toks, logits_at=())
     assert r.shape == (0, m.n_vocab) and r.dtype == np.float32
     assert m.tokens == toks
@@ -167,7 +168,7 @@ def test_start_pos_past_the_end_is_value_error(fresh):
 
 def test_result_is_k_compact_rows_not_a_context_sized_buffer(fresh):
     m = fresh
-    toks = m.tokenize(_prompt_text())[:300]
+    toks = m.vocab.tokenize(_prompt_text())[:300]
     m.decode(toks, logits_at=(0, 150, -1))  # warm-up: one-time ctypes/numpy caches (~50 kB)
     m.reset()
     tracemalloc.start()
@@ -195,7 +196,7 @@ def test_rollback_and_redecode_give_identical_logits(models):
     # batch shape at the same positions; so this asserts exact equality.
     for m in models.values():
         m.reset()
-        toks = m.tokenize(_prompt_text())[:120]
+        toks = m.vocab.tokenize(_prompt_text())[:120]
         m.decode(toks[:100], logits_at=())
         first = m.decode(toks[100:], logits_at=tuple(range(20)))
         m.rollback(100)
@@ -236,7 +237,7 @@ def test_tokens_and_n_past_bookkeeping(fresh):
 
 def test_decode_with_earlier_start_pos_rolls_back(fresh):
     m = fresh
-    toks = m.tokenize(_prompt_text())[:40]
+    toks = m.vocab.tokenize(_prompt_text())[:40]
     m.decode(toks[:30], logits_at=())
     alt = [65, 66, 67, 68]
     r = m.decode(alt, start_pos=20, logits_at=(0, 1, 2, 3))
@@ -287,11 +288,25 @@ def test_cache_that_cannot_be_truncated_is_a_clear_failure(tiny_target, monkeypa
         m.rollback(5)  # no-op at the end: never asks llama.cpp
 
 
-def test_vocab_only_model_cannot_decode(tiny_target):
-    with Model(tiny_target, vocab_only=True) as m:
-        assert m.n_ctx == 0
-        with pytest.raises(RuntimeFailure, match="vocab-only"):
-            m.decode([65])
+def test_vocab_only_load_is_the_vocabulary_without_a_context(tiny_target, target):
+    """ModelFile (no weights) tokenizes and renders as the loaded model does, and has no
+    context to decode with at all, rather than methods that raise."""
+    with ModelFile(tiny_target) as f:
+        assert not isinstance(f, Model) and isinstance(f.vocab, Vocab)
+        for name in ("decode", "decode_batch", "rollback", "reset", "n_past", "n_ctx", "placement", "memory"):
+            assert not hasattr(f, name), name
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": MULTIBYTE}]
+        assert f.vocab.chat_tokens(msgs) == target.vocab.chat_tokens(msgs)
+        assert f.vocab.tokenize(MULTIBYTE) == target.vocab.tokenize(MULTIBYTE)
+        assert f.n_vocab == f.vocab.n_vocab == target.n_vocab
+        assert f.vocab.eog_ids() == target.vocab.eog_ids()
+
+
+def test_closed_model_cannot_decode(tiny_target):
+    m = Model(tiny_target, LoadOptions(n_ctx=64, n_threads=1))
+    m.close()
+    with pytest.raises(RuntimeFailure, match="tiny-target-q8_0.gguf: model is closed"):
+        m.decode([65])
 
 
 # --------------------------------------------------------------------------- text
@@ -299,31 +314,31 @@ def test_vocab_only_model_cannot_decode(tiny_target):
     "text", ["Hello, world!", "The quick brown fox\n\njumps over the lazy dog.", MULTIBYTE, "  a  b\tc "]
 )
 def test_tokenize_detokenize_round_trip(target, text):
-    toks = target.tokenize(text)
+    toks = target.vocab.tokenize(text)
     assert toks and all(0 <= t < target.n_vocab for t in toks)
-    assert target.detokenize(toks) == text
+    assert target.vocab.detokenize(toks) == text
 
 
 def test_merges_make_text_shorter_and_specials_parse(target, tiny_spec):
     text = "in the house there is a cat and the other one"
-    assert len(target.tokenize(text)) < len(text.encode())
-    ids = target.tokenize("<|im_start|>user\nhi<|im_end|>")
+    assert len(target.vocab.tokenize(text)) < len(text.encode())
+    ids = target.vocab.tokenize("<|im_start|>user\nhi<|im_end|>")
     assert ids[0] == tiny_spec.IM_START_ID and ids[-1] == tiny_spec.IM_END_ID
-    raw = target.tokenize("<|im_start|>", parse_special=False)
+    raw = target.vocab.tokenize("<|im_start|>", parse_special=False)
     assert tiny_spec.IM_START_ID not in raw and len(raw) > 1
     # special tokens render only when asked
-    assert target.detokenize([tiny_spec.IM_START_ID, 72, tiny_spec.IM_END_ID]) == "H"
-    assert target.detokenize([tiny_spec.IM_START_ID, 72], special=True) == "<|im_start|>H"
-    assert target.token_text(tiny_spec.ODD_FIRST_DIFF_ID) == b"ou"
-    assert target.token_to_piece(32) == b" "
+    assert target.vocab.detokenize([tiny_spec.IM_START_ID, 72, tiny_spec.IM_END_ID]) == "H"
+    assert target.vocab.detokenize([tiny_spec.IM_START_ID, 72], special=True) == "<|im_start|>H"
+    assert target.vocab.token_text(tiny_spec.ODD_FIRST_DIFF_ID) == b"ou"
+    assert target.vocab.token_to_piece(32) == b" "
 
 
 def test_detokenizer_never_emits_half_a_character(target):
-    toks = target.tokenize(MULTIBYTE, add_special=False)
-    pieces_bytes = [target.token_to_piece(t) for t in toks]
+    toks = target.vocab.tokenize(MULTIBYTE, add_special=False)
+    pieces_bytes = [target.vocab.token_to_piece(t) for t in toks]
     # the vocabulary is byte-level: some multi-byte characters really are split
     assert any(p and not _valid_utf8(p) for p in pieces_bytes)
-    d = target.streamer()
+    d = target.vocab.streamer()
     assert isinstance(d, Detokenizer)
     emitted = [d.add(t) for t in toks]
     tail = d.flush()
@@ -340,9 +355,9 @@ def test_detokenizer_never_emits_half_a_character(target):
 
 
 def test_detokenizer_flush_reports_a_dangling_partial_character(target):
-    toks = target.tokenize("é", add_special=False)  # 0xC3 0xA9: two byte tokens
+    toks = target.vocab.tokenize("é", add_special=False)  # 0xC3 0xA9: two byte tokens
     assert len(toks) == 2
-    d = Detokenizer(target)
+    d = Detokenizer(target.vocab)
     assert d.add(toks[0]) == ""
     assert d.flush() == "\ufffd"
 
@@ -358,20 +373,21 @@ def _valid_utf8(b: bytes) -> bool:
 # --------------------------------------------------------------------------- chat template
 def test_chat_template_chatml_and_eog(target, tiny_spec):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-    text = target.apply_chat_template(msgs)
+    text = target.vocab.apply_chat_template(msgs)
     assert text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert target.apply_chat_template(msgs, add_generation_prompt=False) == text.removesuffix(
+    assert target.vocab.apply_chat_template(msgs, add_generation_prompt=False) == text.removesuffix(
         "<|im_start|>assistant\n"
     )
-    ids = target.chat_tokens(msgs)
+    ids = target.vocab.chat_tokens(msgs)
     assert ids[0] == tiny_spec.IM_START_ID  # add_bos is False: no BOS in front
     assert ids.count(tiny_spec.IM_START_ID) == 3 and ids.count(tiny_spec.IM_END_ID) == 2
-    assert target.detokenize(ids, special=True) == text
-    assert target.eog_ids() == frozenset(tiny_spec.EOG_IDS) == {303, 305}
-    assert target.is_eog(tiny_spec.IM_END_ID) and not target.is_eog(tiny_spec.IM_START_ID)
-    assert (target.bos_id, target.eos_id, target.add_bos) == (tiny_spec.BOS_ID, tiny_spec.EOS_ID, False)
+    assert target.vocab.detokenize(ids, special=True) == text
+    assert target.vocab.eog_ids() == frozenset(tiny_spec.EOG_IDS) == {303, 305}
+    assert target.vocab.is_eog(tiny_spec.IM_END_ID) and not target.vocab.is_eog(tiny_spec.IM_START_ID)
+    v = target.vocab
+    assert (v.bos_id, v.eos_id, v.add_bos) == (tiny_spec.BOS_ID, tiny_spec.EOS_ID, False)
 
 
 # --------------------------------------------------------------------------- facts
@@ -381,7 +397,7 @@ def test_chat_template_chatml_and_eog(target, tiny_spec):
      ("draft", "Q8_0", "Q8_0", "tiny-draft")],
 )
 def test_facts(tiny_models, tiny_spec, key, file_type, qtype, n_layers_name):
-    with Model(tiny_models[key], vocab_only=True) as m:
+    with ModelFile(tiny_models[key]) as m:
         f = m.facts(with_tensor_types=True)
     assert f.path == str(tiny_models[key]) and f.file_size == tiny_models[key].stat().st_size
     assert f.architecture == "llama" and f.name == n_layers_name

@@ -37,7 +37,7 @@ def test_rollback_of_one_sequence_leaves_the_others_untouched(m3):
     """Sequences overlap in positions; removing sequence 0's cells from position 3 on must
     not touch sequence 1's cells at the same positions. Measured bitwise identical."""
     m3.reset()
-    a, b = (m3.tokenize(t) for t in TEXTS[:2])
+    a, b = (m3.vocab.tokenize(t) for t in TEXTS[:2])
     m3.decode_batch([Part(0, a, ()), Part(1, b, ())])
     ref = m3.decode_batch([Part(1, [65])])[0]
     m3.rollback(len(b), seq=1)
@@ -56,7 +56,7 @@ def test_rollback_of_one_sequence_leaves_the_others_untouched(m3):
 def test_batch_of_sequences_returns_each_its_own_rows(m3, tiny_target):
     """One decode carrying three sequences of different lengths, logits at chosen rows,
     equals each sequence decoded alone (first in its cache: the same cell layout)."""
-    toks = [m3.tokenize(t) for t in TEXTS]
+    toks = [m3.vocab.tokenize(t) for t in TEXTS]
     ats = [(0, -1), tuple(range(len(toks[1]))), (-1,)]
     with Model(tiny_target, LoadOptions(n_ctx=256, n_threads=1)) as alone:
         refs = []

@@ -44,7 +44,7 @@ def pair(tiny_draft, tiny_target):
 
 def prompts_of(pair) -> list[list[int]]:
     # different lengths: 1 to 4 repetitions
-    return [pair.target.tokenize(t * (i + 1)) for i, t in enumerate(TEXTS)]
+    return [pair.target.vocab.tokenize(t * (i + 1)) for i, t in enumerate(TEXTS)]
 
 
 def cfg_of(mode: str, **kw) -> DecodeConfig:
@@ -166,7 +166,7 @@ def test_b1_reproduces_the_outputs_recorded_before_the_engine(pair1):
     parted = []
     for run in ref["runs"]:
         cfg = cfg_of(run["mode"], max_tokens=64)
-        prompt = pair1.target.tokenize(run["text"])
+        prompt = pair1.target.vocab.tokenize(run["text"])
         assert prompt == run["prompt"]
         fin, ev = solo(pair1, prompt, cfg, 0)
         check_stats(fin, ev)
@@ -289,16 +289,16 @@ def test_one_sequence_ends_while_the_others_go_on(tiny_draft, tiny_target):
     """EOS (a stop token) in one sequence and the end of its context in another, while the
     rest run to their token budget."""
     with load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=256, n_threads=1, n_seq=4)) as p:
-        short = p.target.tokenize(TEXTS[0])
+        short = p.target.vocab.tokenize(TEXTS[0])
         cfg = cfg_of("easd", max_tokens=40)
         ref, _ = solo(p, short, cfg, 0)
         stop = ref.tokens[5]
-        long_prompt = p.target.tokenize("word " * 400)[:230]
+        long_prompt = p.target.vocab.tokenize("word " * 400)[:230]
         reqs = [
             Request(short, cfg, reuse_cache=False),
             Request(short, cfg, stop_tokens=[stop], reuse_cache=False),
             Request(long_prompt, cfg, reuse_cache=False),
-            Request(p.target.tokenize(TEXTS[1]), cfg.replace(mode="sd"), reuse_cache=False),
+            Request(p.target.vocab.tokenize(TEXTS[1]), cfg.replace(mode="sd"), reuse_cache=False),
         ]
         got = batch(p, reqs)
         reasons = [fin.stats.stop_reason for fin, _ in got]

@@ -142,7 +142,7 @@ def test_stop_strings(client, model_name):
 def _first_parting_token(ref_tokens, ref_model, got: str) -> int:
     """Index of the first reference token whose text is not a prefix of ``got``."""
     for i in range(len(ref_tokens)):
-        if not got.startswith(ref_model.detokenize(ref_tokens[: i + 1])):
+        if not got.startswith(ref_model.vocab.detokenize(ref_tokens[: i + 1])):
             return i
     return len(ref_tokens)
 
@@ -180,7 +180,7 @@ def test_eight_concurrent_clients_match_sequential_generate(server, client, mode
     opts = LoadOptions(n_ctx=CTX, n_threads=1)
     with load_pair(tiny_draft, tiny_target, opts) as pair:
         for i, prompt_text in enumerate(PROMPTS):
-            prompt = pair.target.chat_tokens([{"role": "user", "content": prompt_text}])
+            prompt = pair.target.vocab.chat_tokens([{"role": "user", "content": prompt_text}])
             fin, _ = generate_all(pair.target, pair.draft, prompt, DecodeConfig(mode="sd", max_tokens=24),
                                 n_vocab=pair.n_vocab)
             if results[i] == fin.text:

@@ -239,12 +239,12 @@ def rerun(plan: RerunPlan) -> RerunResult:
     with models:
         main = models.target if models.target is not None else models.draft
         cfg.validate(models.n_vocab)
-        prompt = main.chat_tokens(build_messages(row["question"]))
+        prompt = main.vocab.chat_tokens(build_messages(row["question"]))
         recorded = row.get("completion_tokens")
         retokenized = recorded is None
-        eog = main.eog_ids()
+        eog = main.vocab.eog_ids()
         if retokenized:
-            recorded = main.tokenize(row["completion"], add_special=False, parse_special=False)
+            recorded = main.vocab.tokenize(row["completion"], add_special=False, parse_special=False)
         new: list[int] = []
         k, at_k = None, None
         # the row's own generator seed (rows of the batched runner record it; older ones
@@ -272,9 +272,9 @@ def rerun(plan: RerunPlan) -> RerunResult:
         common = list(prompt) + new[:k]
 
         def piece(tok: int | None) -> str:
-            return "" if tok is None else main.token_to_piece(tok).decode("utf-8", errors="replace")
+            return "" if tok is None else main.vocab.token_to_piece(tok).decode("utf-8", errors="replace")
 
-        char = len(main.detokenize(new[:k]))
+        char = len(main.vocab.detokenize(new[:k]))
         if rec_tok is None or new_tok is None:
             diff = Difference(k, char, rec_tok, new_tok, piece(rec_tok), piece(new_tok), "length", None, None, None)
             return RerunResult(len(new), len(recorded), retokenized, diff)

@@ -496,12 +496,12 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
                              plan.parallel, n_ctx)
             # the prompt goes through the target's chat template (the draft's when no target)
             main = models.target if models.target is not None else models.draft
-            broken = main.chat_template_error()
+            broken = main.vocab.chat_template_error()
             if broken is not None:
                 raise ConfigError(f"pair {pr.label}: {broken}; bench renders every question with it")
             ready: list[tuple[Problem, list[int], list[MethodRun]]] = []
             for prob, runs in todo:
-                prompt = main.chat_tokens(build_messages(prob.question))
+                prompt = main.vocab.chat_tokens(build_messages(prob.question))
                 # decoding.generate's own test, made once per problem against the smallest
                 # context loaded, so that every method skips it
                 if not decoding.fits_context(len(prompt), n_ctx):

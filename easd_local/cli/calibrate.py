@@ -152,7 +152,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         with open_models(spec.draft, spec.target, topts, dopts) as models:
             base.replace(top_n=top_n_, overlap=tau_o).validate(models.n_vocab)
             sys_msg = [{"role": "system", "content": system}] if system else []
-            prompts = [models.target.chat_tokens(sys_msg + [{"role": "user", "content": q}]) for q in questions]
+            prompts = [models.target.vocab.chat_tokens(sys_msg + [{"role": "user", "content": q}]) for q in questions]
             with Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[pos]}"),
                           TimeElapsedColumn(), console=err_console, transient=True,
                           disable=json_out or not err_console.is_terminal) as prog:

@@ -80,11 +80,11 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             if chat:
                 msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
                 try:
-                    tokens = main.chat_tokens(msgs)
+                    tokens = main.vocab.chat_tokens(msgs)
                 except ChatTemplateError as e:
                     raise ConfigError(f"{e}; use --raw to prompt without it") from None
             else:
-                tokens = main.tokenize(prompt, add_special=True, parse_special=False)
+                tokens = main.vocab.tokenize(prompt, add_special=True, parse_special=False)
             if show_origin and not json_out:
                 err_console.print(LEGEND)
             reason = not_lossless(cfg.mode)

@@ -1,2 +1,3 @@
-"""The engine: llama.cpp (runtime, the only module that touches ctypes) and the maths of
-decoding: configs, modes, acceptance rules, steppers and the batched scheduler."""
+"""The engine: llama.cpp (the runtime layer: runtime, vocab, llama_log and devices, the only
+modules that touch ctypes) and the maths of decoding: configs, modes, acceptance rules,
+steppers and the batched scheduler."""

@@ -1,7 +1,7 @@
 """llama.cpp's devices: what this build can run on (backends, GPU offload), the RPC servers
 whose devices take layers (``--rpc``), and where a model's layers went.
 
-Part of the runtime layer (with ``runtime`` and ``llama_log``): the only modules
+Part of the runtime layer (with ``runtime``, ``llama_log`` and ``vocab``): the only modules
 that touch ctypes. ``rpc`` (no ctypes) parses endpoints, probes servers and knows where the
 RPC backend built by ``scripts/build_rpc.py`` lives; this module loads and registers it.
 """

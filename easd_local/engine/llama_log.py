@@ -1,7 +1,7 @@
 """llama.cpp's log: captured (quiet unless --verbose), and read for what llama.cpp states only
 there: why a load failed, which device took each layer, how much memory the buffers took.
 
-Part of the runtime layer (with ``runtime`` and ``devices``): the only modules that
+Part of the runtime layer (with ``runtime``, ``devices`` and ``vocab``): the only modules that
 touch ctypes. ``load_errors`` (pure string work) turns the captured lines into one reason.
 """
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import PairError
-from .runtime import LoadOptions, Model
+from .runtime import LoadOptions, Model, ModelFile
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp: SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -22,11 +22,11 @@ def _show(text: bytes) -> str:
     return repr(text.decode("utf-8", errors="replace"))
 
 
-def check_compatible(draft: Model, target: Model) -> int:
+def check_compatible(draft: ModelFile, target: ModelFile) -> int:
     """Raise PairError naming what differs; return the shared vocabulary size.
 
     Decoding uses only ids below the returned size (the shorter vocabulary)."""
-    d, t = draft, target
+    d, t = draft.vocab, target.vocab
     if d.vocab_type != t.vocab_type:
         raise PairError(f"vocabulary types differ: draft {d.vocab_type}, target {t.vocab_type}")
     if d.add_bos != t.add_bos or (t.add_bos and d.bos_id != t.bos_id):
@@ -49,7 +49,7 @@ def check_compatible(draft: Model, target: Model) -> int:
         a, b = d.token_text(i), t.token_text(i)
         if a != b:
             raise PairError(f"vocabularies differ at token id {i}: draft {_show(a)} vs target {_show(b)}")
-    for m, role in ((d, "draft"), (t, "target")):
+    for m, role in ((draft, "draft"), (target, "target")):
         if m.recurrent:
             raise PairError(
                 f"{role} {m.path.name} is a recurrent/hybrid model ({m.architecture}): its cache cannot be "
@@ -78,7 +78,7 @@ class Pair:
 
 def check_pair_files(draft_path: str | Path, target_path: str | Path) -> int:
     """Vocabulary-only check of two files (fast: no weights are loaded)."""
-    with Model(draft_path, vocab_only=True) as d, Model(target_path, vocab_only=True) as t:
+    with ModelFile(draft_path) as d, ModelFile(target_path) as t:
         return check_compatible(d, t)
 
 

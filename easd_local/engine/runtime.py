@@ -1,12 +1,13 @@
-"""One llama.cpp model: load, batched decode with logits at chosen positions, KV rollback,
-tokenize/detokenize and chat-template rendering.
+"""One llama.cpp model: load the weights, batched decode with logits at chosen positions,
+per-sequence KV rollback. Its vocabulary and chat template are ``vocab``, llama.cpp's log
+``llama_log``, devices and RPC servers ``devices``: together the runtime layer, the only
+modules that touch ctypes.
 
-With ``llama_log`` (llama.cpp's log) and ``devices`` (backends, RPC servers, placement) it is
-the runtime layer, the only modules that touch ctypes. It wraps llama-cpp-python's low-level API
-directly (not ``llama_cpp.Llama``) because speculative decoding needs two things the
-high-level class does not give cheaply: logits for a handful of chosen positions of one
-batch (``logits_all=True`` would allocate n_ctx × n_vocab floats, 2.5 GB with a 152k
-vocabulary), and exact control of the KV cache (roll back to the accepted prefix).
+It wraps llama-cpp-python's low-level API directly (not ``llama_cpp.Llama``) because
+speculative decoding needs two things the high-level class does not give cheaply: logits
+for a handful of chosen positions of one batch (``logits_all=True`` would allocate
+n_ctx × n_vocab floats, 2.5 GB with a 152k vocabulary), and exact control of the KV cache
+(roll back to the accepted prefix).
 
 Several sequences (``LoadOptions.n_seq``): one context holds up to ``n_seq`` sequences,
 ids 0..n_seq-1, each with its own positions, KV cells and token mirror, and
@@ -21,11 +22,8 @@ module never lets a sequence grow past it, so the ``n_seq`` sequences always fit
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import os
-import re
-import secrets
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -38,12 +36,12 @@ except ImportError as _e:  # pragma: no cover - import-time guard for a broken i
         "llama-cpp-python is not installed; install easd-local with pip (see README)"
     ) from _e
 
-from ..errors import ChatTemplateError, ContextOverflowError, ModelLoadError, NonFiniteLogitsError, RuntimeFailure
+from ..errors import ContextOverflowError, ModelLoadError, NonFiniteLogitsError, RuntimeFailure
 from ..interrupts import deferred_interrupt
 from . import devices, gguf_info, llama_log
 from .gguf_file import check_gguf_file
 from .gguf_info import file_type_name
-from .text import check_text
+from .vocab import Vocab
 
 
 # --------------------------------------------------------------------------- options/facts
@@ -87,15 +85,8 @@ class ModelFacts:
     description: str  # llama.cpp's one-line model description
     chat_template: bool
     recurrent: bool
-    tensor_types: dict[str, int] = field(default_factory=dict)  # filled by tensor_type_histogram
+    tensor_types: dict[str, int] = field(default_factory=dict)  # filled by facts(with_tensor_types=True)
     chat_template_error: str | None = None  # the template is there but cannot be used
-
-
-_VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
-
-def tensor_type_histogram(path: str | os.PathLike) -> dict[str, int]:
-    """Count tensors per quantization type, read from the GGUF header."""
-    return gguf_info.read_gguf_info(path).tensor_types
 
 
 def padded_ctx(n_ctx: int) -> int:
@@ -128,39 +119,25 @@ class Part(NamedTuple):
     logits_at: Sequence[int] = (-1,)
 
 
-def _one_line(e: Exception) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    line = getattr(e, "lineno", None)
-    return f"{type(e).__name__}: {text}" + (f" (template line {line})" if line else "")
-
-
 # --------------------------------------------------------------------------- the model
-class Model:
-    """A loaded GGUF model with one llama.cpp context holding ``n_seq`` sequences.
+class ModelFile:
+    """A GGUF file loaded into llama.cpp (a ``llama_model``) without a context: its metadata,
+    facts and vocabulary (``vocab``). ``ModelFile(path)`` loads the vocabulary only (no
+    weights: fast, little memory), which pair checks and tokenizing need; :class:`Model`
+    loads the weights (``weights=True``) and adds the context it decodes with."""
 
-    Each sequence has a token mirror of what is in its KV cells: ``seq_tokens(s)[i]`` sits at
-    position i of sequence s. The single-sequence API (``tokens``, ``n_past``, ``decode``,
-    ``rollback``, ``common_prefix`` without ``seq``) is sequence 0.
-    """
-
-    def __init__(self, path: str | os.PathLike, opts: LoadOptions = LoadOptions(), *, vocab_only: bool = False):
+    def __init__(self, path: str | os.PathLike, opts: LoadOptions = LoadOptions(), *, weights: bool = False):
         self.path = check_gguf_file(path)
         self.opts = opts
-        self.vocab_only = vocab_only
         self._model = None
-        self._ctx = None
-        self._batch = None
-        self.n_seq = max(1, int(opts.n_seq))
-        self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
-        self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
         sink = llama_log.ensure_backend(opts.verbose)
         sink.mark()
 
         mparams = _ll.llama_model_default_params()
         mparams.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 0x7FFFFFFF
         mparams.main_gpu = opts.main_gpu
-        mparams.vocab_only = vocab_only
-        devs, split = devices.model_devices(opts.rpc, opts.tensor_split) if not vocab_only else (None, None)
+        mparams.vocab_only = not weights
+        devs, split = devices.model_devices(opts.rpc, opts.tensor_split) if weights else (None, None)
         if devs is not None:
             mparams.devices = ctypes.cast(devs, ctypes.c_void_p)
         if split is not None:
@@ -179,16 +156,97 @@ class Model:
         if not model:
             raise ModelLoadError(sink.load_failure(self.path))
         self._model = model
-        self.placement = devices.placement(sink.layer_devices)  # device label -> layers
-        self._vocab = _ll.llama_model_get_vocab(model)
-        self.n_vocab = int(_ll.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(_ll.llama_model_n_ctx_train(model))
         self.architecture = self.meta("general.architecture") or "unknown"
         self.recurrent = bool(_ll.llama_model_is_recurrent(model) or _ll.llama_model_is_hybrid(model))
-        self.n_ctx = 0
-        self.memory: llama_log.LoadMemory | None = None
-        if vocab_only:
-            return
+        self.vocab = Vocab(model, self.path, self._chat_template())
+
+    @property
+    def n_vocab(self) -> int:
+        """Tokens in the vocabulary: the width of a row of logits."""
+        return self.vocab.n_vocab
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        # Each handle is taken off the object before it is freed: a Ctrl-C between the two
+        # steps then leaks it, where the other order would free it again from __del__ (a
+        # double free: a segfault)
+        model, self._model = self._model, None
+        if model:
+            _ll.llama_model_free(model)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ metadata
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = _ll.llama_model_meta_val_str(self._model, key.encode(), buf, ctypes.sizeof(buf))
+        if n < 0:
+            return None
+        if n >= ctypes.sizeof(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            _ll.llama_model_meta_val_str(self._model, key.encode(), buf, ctypes.sizeof(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def _chat_template(self) -> str | None:
+        ptr = _ll.llama_model_chat_template(self._model, None)
+        if ptr:
+            return ptr.decode("utf-8", errors="replace") if isinstance(ptr, bytes) else str(ptr)
+        return self.meta("tokenizer.chat_template")
+
+    def facts(self, with_tensor_types: bool = False) -> ModelFacts:
+        desc = ctypes.create_string_buffer(256)
+        _ll.llama_model_desc(self._model, desc, ctypes.sizeof(desc))
+        ftype = self.meta("general.file_type")
+        # a vocab-only load skips the hyper-parameters: read them from the metadata
+        n_ctx_train = self.n_ctx_train or int(self.meta(f"{self.architecture}.context_length") or 0)
+        has_template = self.vocab.chat_template is not None
+        return ModelFacts(
+            path=str(self.path),
+            file_size=self.path.stat().st_size,
+            architecture=self.architecture,
+            name=self.meta("general.name") or self.path.stem,
+            n_params=int(_ll.llama_model_n_params(self._model)),
+            n_vocab=self.n_vocab,
+            vocab_type=self.vocab.type_name,
+            n_ctx_train=n_ctx_train,
+            file_type=file_type_name(int(ftype)) if ftype and ftype.isdigit() else (ftype or "unknown"),
+            description=desc.value.decode("utf-8", errors="replace").strip() or "-",
+            chat_template=has_template,
+            chat_template_error=self.vocab.chat_template_error() if has_template else None,
+            recurrent=self.recurrent,
+            tensor_types=gguf_info.read_gguf_info(self.path).tensor_types if with_tensor_types else {},
+        )
+
+
+class Model(ModelFile):
+    """A loaded GGUF model (weights) with one llama.cpp context holding ``n_seq`` sequences.
+
+    Each sequence has a token mirror of what is in its KV cells: ``seq_tokens(s)[i]`` sits at
+    position i of sequence s. The single-sequence API (``tokens``, ``n_past``, ``decode``,
+    ``rollback``, ``common_prefix`` without ``seq``) is sequence 0.
+    """
+
+    def __init__(self, path: str | os.PathLike, opts: LoadOptions = LoadOptions()):
+        self._ctx = None
+        self._batch = None
+        self.n_seq = max(1, int(opts.n_seq))
+        self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
+        self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
+        super().__init__(path, opts, weights=True)
+        sink = llama_log.sink()  # still holding what this load logged
+        self.placement = devices.placement(sink.layer_devices)  # device label -> layers
+        model = self._model
 
         if self.n_seq > 256:  # llama.cpp's LLAMA_MAX_SEQ
             self.close()
@@ -236,43 +294,16 @@ class Model:
         self.n_batch = int(cparams.n_batch)
         self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
 
-    # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        # Each handle is taken off the object before it is freed: a Ctrl-C between the two
-        # steps then leaks it, where the other order would free it again from __del__ (a
-        # double free: a segfault)
+        # the context before the model it was made from; each handle off the object before
+        # it is freed (see ModelFile.close)
         batch, self._batch = self._batch, None
         if batch is not None:
             _ll.llama_batch_free(batch)
         ctx, self._ctx = self._ctx, None
         if ctx:
             _ll.llama_free(ctx)
-        model, self._model = self._model, None
-        if model:
-            _ll.llama_model_free(model)
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    # ------------------------------------------------------------------ metadata
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = _ll.llama_model_meta_val_str(self._model, key.encode(), buf, ctypes.sizeof(buf))
-        if n < 0:
-            return None
-        if n >= ctypes.sizeof(buf):
-            buf = ctypes.create_string_buffer(n + 1)
-            _ll.llama_model_meta_val_str(self._model, key.encode(), buf, ctypes.sizeof(buf))
-        return buf.value.decode("utf-8", errors="replace")
+        super().close()
 
     def kv_cache_bytes(self, n_cells: int) -> int:
         """Bytes of an f16 K+V cache of ``n_cells`` cells (llama.cpp's default cache type)."""
@@ -281,237 +312,6 @@ class Model:
         n_head_kv = int(_ll.llama_model_n_head_kv(self._model))
         head_dim = int(_ll.llama_model_n_embd(self._model)) // n_head
         return 2 * n_layer * n_head_kv * head_dim * 2 * int(n_cells)
-
-    def chat_template(self) -> str | None:
-        ptr = _ll.llama_model_chat_template(self._model, None)
-        if ptr:
-            return ptr.decode("utf-8", errors="replace") if isinstance(ptr, bytes) else str(ptr)
-        return self.meta("tokenizer.chat_template")
-
-    def facts(self, with_tensor_types: bool = False) -> ModelFacts:
-        desc = ctypes.create_string_buffer(256)
-        _ll.llama_model_desc(self._model, desc, ctypes.sizeof(desc))
-        ftype = self.meta("general.file_type")
-        # a vocab-only load skips the hyper-parameters: read them from the metadata
-        n_ctx_train = self.n_ctx_train or int(self.meta(f"{self.architecture}.context_length") or 0)
-        return ModelFacts(
-            path=str(self.path),
-            file_size=self.path.stat().st_size,
-            architecture=self.architecture,
-            name=self.meta("general.name") or self.path.stem,
-            n_params=int(_ll.llama_model_n_params(self._model)),
-            n_vocab=self.n_vocab,
-            vocab_type=_VOCAB_TYPES.get(int(_ll.llama_vocab_type(self._vocab)), "unknown"),
-            n_ctx_train=n_ctx_train,
-            file_type=file_type_name(int(ftype)) if ftype and ftype.isdigit() else (ftype or "unknown"),
-            description=desc.value.decode("utf-8", errors="replace").strip() or "-",
-            chat_template=self.chat_template() is not None,
-            chat_template_error=self.chat_template_error() if self.chat_template() is not None else None,
-            recurrent=self.recurrent,
-            tensor_types=tensor_type_histogram(self.path) if with_tensor_types else {},
-        )
-
-    # ------------------------------------------------------------------ vocabulary
-    @property
-    def vocab_type(self) -> int:
-        return int(_ll.llama_vocab_type(self._vocab))
-
-    @property
-    def bos_id(self) -> int:
-        return int(_ll.llama_vocab_bos(self._vocab))
-
-    @property
-    def eos_id(self) -> int:
-        return int(_ll.llama_vocab_eos(self._vocab))
-
-    @property
-    def add_bos(self) -> bool:
-        return bool(_ll.llama_vocab_get_add_bos(self._vocab))
-
-    @property
-    def add_eos(self) -> bool:
-        return bool(_ll.llama_vocab_get_add_eos(self._vocab))
-
-    def is_eog(self, token: int) -> bool:
-        return bool(_ll.llama_vocab_is_eog(self._vocab, token))
-
-    def eog_ids(self) -> frozenset[int]:
-        if not hasattr(self, "_eog"):
-            self._eog = frozenset(t for t in range(self.n_vocab) if _ll.llama_vocab_is_eog(self._vocab, t))
-        return self._eog
-
-    def token_text(self, token: int) -> bytes:
-        """The vocabulary's own text for a token id (as stored in the GGUF)."""
-        return _ll.llama_vocab_get_text(self._vocab, token) or b""
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:
-            check_text(text, "the text")  # raises InvalidTextError, naming the bad character
-            raise
-        n_max = len(data) + 8
-        buf = (_ll.llama_token * n_max)()
-        n = _ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
-        if n < 0:
-            n_max = -n
-            buf = (_ll.llama_token * n_max)()
-            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
-            if n < 0:
-                raise RuntimeFailure(f"{self.path.name}: tokenization failed")
-        return list(buf[:n])
-
-    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = _ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = _ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
-        return buf.raw[: max(n, 0)]
-
-    def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
-        return b"".join(self.token_to_piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")
-
-    def streamer(self) -> "Detokenizer":
-        return Detokenizer(self)
-
-    def _formatter_for(self, add_generation_prompt: bool):
-        """llama-cpp-python's Jinja2 formatter for the GGUF's template (compiled once);
-        ChatTemplateError when there is none or it does not compile."""
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        template = self.chat_template()
-        if not template:
-            raise ChatTemplateError(f"{self.path.name} has no chat template in its GGUF metadata")
-        if not hasattr(self, "_formatter"):
-            bos = self.token_to_piece(self.bos_id, special=True).decode("utf-8", "replace") if self.bos_id >= 0 else ""
-            eos = self.token_to_piece(self.eos_id, special=True).decode("utf-8", "replace") if self.eos_id >= 0 else ""
-            self._formatter = {}
-            self._fmt_tokens = (eos, bos)
-        key = add_generation_prompt
-        if key not in self._formatter:
-            eos, bos = self._fmt_tokens
-            try:
-                self._formatter[key] = Jinja2ChatFormatter(
-                    template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
-                )
-            except Exception as e:  # jinja2's TemplateSyntaxError and kin, from a template we did not write
-                raise ChatTemplateError(
-                    f"{self.path.name}: the chat template in its GGUF metadata is broken ({_one_line(e)})"
-                ) from None
-        return self._formatter[key]
-
-    def chat_template_error(self) -> str | None:
-        """Why the GGUF's chat template cannot be used (missing, does not compile), or None."""
-        try:
-            self._formatter_for(True)
-        except ChatTemplateError as e:
-            return str(e)
-        return None
-
-    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        """Render messages with the GGUF's own chat template (llama-cpp-python's Jinja2
-        formatter, the same one llama-cpp-python's chat completion uses)."""
-        formatter = self._formatter_for(add_generation_prompt)
-        try:
-            return formatter(messages=messages).prompt
-        except Exception as e:  # jinja errors from a template we did not write
-            raise ChatTemplateError(f"{self.path.name}: the chat template failed to render ({_one_line(e)})") from None
-
-    def chat_tokens(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
-        """The rendered conversation as tokens, where only the template's own markers are
-        special: text inside a message that spells a control token (``<|im_end|>``) stays
-        text, so a message cannot close its turn and open a system turn of its own.
-
-        The template is rendered once more with each message's text replaced by a unique
-        placeholder, which tells the template's text from the messages'. Control tokens are
-        then split out of the template's text only, the way llama.cpp splits them (longest
-        first; LSTRIP/RSTRIP whitespace), and each run of text between two of them is
-        tokenized in one piece without special-token parsing, as llama.cpp tokenizes its
-        text fragments, so a conversation with no marker in its messages gets exactly the
-        tokens of tokenizing the whole rendering with special-token parsing on."""
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        segments = self._message_segments(messages, text, add_generation_prompt)
-        pieces: list[str | int] = []  # text runs and control-token ids
-        for seg, is_message in segments:
-            pieces.extend([seg] if is_message else self._split_control_tokens(seg))
-        # the template already wrote BOS where the model wants it: add_special=False
-        return self._tokenize_pieces(pieces)
-
-    def _message_segments(self, messages: list[dict], text: str, add_generation_prompt: bool) -> list[tuple[str, bool]]:
-        """``text`` cut into (piece, is a message's text) by rendering placeholders."""
-        marks = [f"\ue000{secrets.token_hex(6)}-{i}\ue001" for i in range(len(messages))]
-        masked = [{**m, "content": marks[i]} if isinstance(m.get("content"), str) else m
-                  for i, m in enumerate(messages)]
-        rendered = self.apply_chat_template(masked, add_generation_prompt=add_generation_prompt)
-        index = {mark: i for i, mark in enumerate(marks)}
-        parts = re.split("(" + "|".join(map(re.escape, marks)) + ")", rendered)
-        segments = [(messages[index[p]]["content"], True) if j % 2 else (p, False) for j, p in enumerate(parts)]
-        if "".join(seg for seg, _ in segments) == text:
-            return segments
-        # The template changed a message's text (trimmed it, say), so the placeholders do
-        # not line up. Without a marker in any message the plain rendering is safe.
-        if not any(isinstance(m.get("content"), str) and self._split_control_tokens(m["content"]) != [m["content"]]
-                   for m in messages):
-            return [(text, False)]
-        raise ChatTemplateError(
-            f"{self.path.name}: a message spells one of the model's control tokens, and this chat template "
-            "rewrites message text, so it cannot be kept as text; remove the marker or use --raw"
-        )
-
-    def _control_tokens(self) -> list[tuple[str, int, int]]:
-        """(text, id, attributes) of the tokens llama.cpp recognises only when it parses
-        special tokens (control and unknown ones), longest text first as llama.cpp tries them."""
-        if not hasattr(self, "_controls"):
-            found = []
-            for t in range(self.n_vocab):
-                attr = int(_ll.llama_vocab_get_attr(self._vocab, t))
-                if attr & (_ll.LLAMA_TOKEN_ATTR_CONTROL | _ll.LLAMA_TOKEN_ATTR_UNKNOWN):
-                    text = self.token_text(t).decode("utf-8", errors="replace")
-                    if text:
-                        found.append((text, t, attr))
-            self._controls = sorted(found, key=lambda c: -len(c[0].encode("utf-8")))
-        return self._controls
-
-    def _split_control_tokens(self, text: str) -> list[str | int]:
-        """``text`` as text runs and control-token ids (llama.cpp's tokenizer_st_partition)."""
-        pieces: list[str | int] = [text]
-        for tok_text, tok, _attr in self._control_tokens():
-            out: list[str | int] = []
-            for p in pieces:
-                if isinstance(p, int) or tok_text not in p:
-                    out.append(p)
-                    continue
-                parts = p.split(tok_text)
-                for k, part in enumerate(parts):
-                    if k:
-                        out.append(tok)
-                    out.append(part)
-            pieces = out
-        return pieces
-
-    def _tokenize_pieces(self, pieces: list[str | int]) -> list[int]:
-        attrs = {tok: attr for _text, tok, attr in self._control_tokens()}
-        runs: list[str | int] = []  # adjacent text merged: one fragment, as llama.cpp sees it
-        for p in pieces:
-            if isinstance(p, str) and runs and isinstance(runs[-1], str):
-                runs[-1] += p
-            else:
-                runs.append(p)
-        ws = " \t\n\v\f\r"  # C isspace, which llama.cpp strips with
-        for k, p in enumerate(runs):
-            if isinstance(p, int):
-                if attrs.get(p, 0) & _ll.LLAMA_TOKEN_ATTR_LSTRIP and k and isinstance(runs[k - 1], str):
-                    runs[k - 1] = runs[k - 1].rstrip(ws)
-                if attrs.get(p, 0) & _ll.LLAMA_TOKEN_ATTR_RSTRIP and k + 1 < len(runs) and isinstance(runs[k + 1], str):
-                    runs[k + 1] = runs[k + 1].lstrip(ws)
-        tokens: list[int] = []
-        for p in runs:
-            if isinstance(p, int):
-                tokens.append(p)
-            elif p:
-                tokens.extend(self.tokenize(p, add_special=False, parse_special=False))
-        return tokens
 
     # ------------------------------------------------------------------ KV cache
     @property
@@ -585,7 +385,7 @@ class Model:
         ``start_pos`` defaults to the end of the sequence; an earlier start rolls back first.
         Only the requested rows are computed by llama.cpp and copied out."""
         if self._ctx is None:
-            raise RuntimeFailure(f"{self.path.name}: model was loaded vocab-only or closed")
+            raise RuntimeFailure(f"{self.path.name}: model is closed")
         n_have = len(self._seqs[seq])
         if start_pos is None:
             start_pos = n_have
@@ -616,7 +416,7 @@ class Model:
 
         At most one part per sequence. A failed decode leaves every sequence as it was."""
         if self._ctx is None:
-            raise RuntimeFailure(f"{self.path.name}: model was loaded vocab-only or closed")
+            raise RuntimeFailure(f"{self.path.name}: model is closed")
         seen: set[int] = set()
         starts: list[int] = []
         wants: list[list[int]] = []
@@ -683,7 +483,6 @@ class Model:
             result.append(out if order == list(range(len(want))) else out[order])
         return result
 
-
     def _non_finite(self) -> None:
         # Corrupt weights (flipped bytes, a broken quantization) give NaN or inf logits;
         # sampling from them fails and greedy argmax silently emits token 0. Checked where
@@ -692,18 +491,3 @@ class Model:
             f"{self.path}: the model produced NaN or infinite logits; its weights look corrupt "
             "(re-download or re-convert the file)"
         )
-
-
-class Detokenizer:
-    """Incremental detokenizer for streaming: returns only complete UTF-8 characters, so a
-    multi-byte character split across tokens is never emitted half-way."""
-
-    def __init__(self, model: Model):
-        self._model = model
-        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def add(self, token: int) -> str:
-        return self._dec.decode(self._model.token_to_piece(token))
-
-    def flush(self) -> str:
-        return self._dec.decode(b"", final=True)

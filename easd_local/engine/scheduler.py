@@ -55,7 +55,8 @@ from .config import DecodeConfig
 from .decoding import DRAFT_ONLY, TARGET, Finished, Stats, TokenEvent, fits_context
 from ..errors import ConfigError, ContextOverflowError, EasdError, RuntimeFailure
 from .pair import Pair
-from .runtime import Detokenizer, Model, Part
+from .runtime import Model, Part
+from .vocab import Detokenizer
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,8 @@ class _Seq:
         self.mode = cfg.mode
         self.gate_on = cfg.gate_enabled
         self.rng = rules.make_rng(cfg.seed if req.rng_seed is None else req.rng_seed)
-        self.eog = set(main.eog_ids()) | set(req.stop_tokens)
-        self.detok = Detokenizer(main)
+        self.eog = set(main.vocab.eog_ids()) | set(req.stop_tokens)
+        self.detok = Detokenizer(main.vocab)
         self.stats = Stats(
             mode=cfg.mode, prompt_tokens=len(req.prompt), tau_draft=cfg.tau_draft, tau_target=cfg.tau_target,
             top_n=cfg.top_n, overlap=cfg.overlap, penalty=cfg.penalty, gamma=cfg.gamma,

@@ -233,8 +233,8 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
         pair = engine.pair
         main = pair.target if pair.target is not None else pair.draft
         if req.kind == "chat":
-            return main.chat_tokens(list(req.messages))
-        return main.tokenize(req.prompt, add_special=True, parse_special=False)
+            return main.vocab.chat_tokens(list(req.messages))
+        return main.vocab.tokenize(req.prompt, add_special=True, parse_special=False)
 
     async def complete(request: HttpRequest, kind: str) -> Response:
         try:
