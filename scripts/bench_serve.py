@@ -15,11 +15,18 @@ next request as soon as its last one ended), greedy, the mode set per request. P
 Prompts: GSM8K test questions (shipped), one per request in order. Every request's text and
 ``timings`` go to ``--json`` if given. Nothing here asserts a speed: it prints figures.
 
-llama.cpp's own ``llama-server`` side by side is not run by this script yet.
+Side by side, for each ``--parallel`` value: llama.cpp's own ``llama-server``, built from the
+llama.cpp that llama-cpp-python vendors (scripts/bench_speed.py's build, with the server target
+added; once, ~15 min on 2 cores), the same pair, the same slots (``-np P -c P*ctx -kvu``),
+greedy, the same client load: without ``-md`` against our ``target``, with ``-md`` (draft-simple,
+``--spec-draft-n-max gamma``, ``--spec-draft-n-min 0``, ``--draft-p-min 0``: our sd's drafting)
+against our ``sd``. llama-server keeps its defaults otherwise (prompt-prefix reuse on, as its
+users get it). A closing table prints ours / llama-server for every (parallel, mode, K).
+``--no-llama-server`` skips that half; ``--no-build`` skips it when llama-server is not built.
 
 Usage::
 
-    nice python scripts/bench_serve.py --pair default --parallel 1,4 --modes target,sd,easd-tf \\
+    nice python scripts/bench_serve.py --parallel 1,4 --modes target,sd,easd-tf \\
         --clients 1,2,4,8 --requests 8 --max-tokens 64 [--threads 2] [--json out.json]
 """
 
@@ -39,6 +46,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_speed  # noqa: E402  (one build of llama.cpp's tools)
 EXE = [sys.executable, "-c", "from easd_local.cli import main; main()"]
 
 
@@ -52,14 +61,14 @@ def prompts(n: int) -> list[str]:
 
 
 class Server:
-    def __init__(self, model_args: list[str], parallel: int, extra: list[str], log_path: Path):
+    """A server process on a free loopback port; ``base`` once it answers /health with 200."""
+
+    def __init__(self, cmd: list[str], log_path: Path, base: str | None = None):
         self._log = open(log_path, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(EXE + ["serve", "--port", "0", "--parallel", str(parallel), "--log-level",
-                                            "warning", "--queue", "1000", *model_args, *extra],
-                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.log_path = log_path
         t_end = time.monotonic() + 600
-        self.base = None
+        self.base = base
         while time.monotonic() < t_end and self.base is None:
             m = re.search(r"listening on (http://\S+?)/v1", log_path.read_text())
             if m:
@@ -87,6 +96,33 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self._log.close()
+
+
+def ours(model_args: list[str], parallel: int, extra: list[str], log_path: Path) -> Server:
+    return Server(EXE + ["serve", "--port", "0", "--parallel", str(parallel), "--log-level", "warning",
+                         "--queue", "1000", *model_args, *extra], log_path)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_server(exe: Path, draft: Path, target: Path, parallel: int, with_draft: bool, a, log_path: Path) -> Server:
+    port = free_port()
+    cmd = [str(exe), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel),
+           "-c", str(a.ctx * parallel), "-kvu", "--no-webui", "-fa", "off", "-ngl", "0"]
+    if a.threads:
+        cmd += ["-t", str(a.threads), "-tb", str(a.threads)]
+    if with_draft:
+        cmd += ["-md", str(draft), "-ngld", "0", "--spec-type", "draft-simple", "--spec-draft-n-max", str(a.gamma),
+                "--spec-draft-n-min", "0", "--draft-p-min", "0"]
+        if a.threads:
+            cmd += ["-td", str(a.threads), "-tbd", str(a.threads)]
+    return Server(cmd, log_path, base=f"http://127.0.0.1:{port}")
 
 
 def one_request(base: str, prompt: str, mode: str, max_tokens: int) -> dict:
@@ -118,7 +154,7 @@ def one_request(base: str, prompt: str, mode: str, max_tokens: int) -> dict:
             usage = obj.get("usage") or usage
             timings = obj.get("timings") or timings
     t_end = time.perf_counter()
-    n = usage["completion_tokens"] if usage else 0
+    n = usage["completion_tokens"] if usage else int((timings or {}).get("predicted_n", 0))
     gen = (t_last - t_first) if (t_first and t_last) else 0.0
     return {"t0": t0, "t_end": t_end, "ttft": (t_first or t_end) - t0, "tokens": n,
             "tok_s": (n - 1) / gen if gen > 0 and n > 1 else None, "text": "".join(text), "timings": timings}
@@ -163,6 +199,44 @@ def pct(values: list[float], q: float) -> float:
     return v[idx]
 
 
+def measure(base: str, system: str, par: int, mode: str, a) -> list[dict]:
+    rows = []
+    one_request(base, "warm up", mode, 4)
+    for k in [int(x) for x in a.clients.split(",")]:
+        texts = prompts(max(a.requests, k))
+        res = run_load(base, mode, k, texts, a.max_tokens)
+        wall = max(r["t_end"] for r in res) - min(r["t0"] for r in res)
+        tokens = sum(r["tokens"] for r in res)
+        ttft = [r["ttft"] for r in res]
+        per = [r["tok_s"] for r in res if r["tok_s"] is not None]
+        row = {"system": system, "parallel": par, "mode": mode, "clients": k, "requests": len(res),
+               "tokens": tokens, "wall_s": wall, "aggregate_tok_s": tokens / wall, "ttft_p50_s": pct(ttft, 0.5),
+               "ttft_p95_s": pct(ttft, 0.95), "request_tok_s_p50": statistics.median(per) if per else None,
+               "load": os.getloadavg()[0], "runs": sorted(res, key=lambda r: r["i"])}
+        rows.append(row)
+        print(f"{system:>12} {par:>8} {mode:>8} {k:>3} {len(res):>4} {row['aggregate_tok_s']:>10.2f} "
+              f"{row['ttft_p50_s']:>9.3f} {row['ttft_p95_s']:>9.3f} "
+              f"{(row['request_tok_s_p50'] or float('nan')):>13.2f} {row['load']:>5.1f}", flush=True)
+    return rows
+
+
+def ratio_table(rows: list[dict]) -> None:
+    def key(r):
+        return (r["parallel"], r["mode"], r["clients"])
+
+    theirs = {key(r): r for r in rows if r["system"] == "llama-server"}
+    pairs = [(r, theirs[key(r)]) for r in rows if r["system"] == "easd-local" and key(r) in theirs]
+    if not pairs:
+        return
+    print("\nours / llama-server, aggregate tokens/s (goal >= 0.9); texts: requests whose text differs")
+    print(f"{'parallel':>8} {'mode':>8} {'K':>3} {'ours':>8} {'theirs':>8} {'ratio':>6} {'texts':>6}")
+    for o, t in pairs:
+        differ = sum(1 for x, y in zip(o["runs"], t["runs"]) if x["text"] != y["text"])
+        print(f"{o['parallel']:>8} {o['mode']:>8} {o['clients']:>3} {o['aggregate_tok_s']:>8.2f} "
+              f"{t['aggregate_tok_s']:>8.2f} {o['aggregate_tok_s'] / t['aggregate_tok_s']:>6.2f} "
+              f"{differ:>3}/{len(o['runs'])}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default=None)
@@ -174,41 +248,51 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="requests per (parallel, mode, K); at least K")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--ctx", type=int, default=4096, help="context per slot, both sides")
+    ap.add_argument("--gamma", type=int, default=4, help="draft length, both sides")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp"))
+    ap.add_argument("--no-llama-server", action="store_true", help="run only easd-local serve")
+    ap.add_argument("--no-build", action="store_true", help="skip llama-server if it is not built")
+    ap.add_argument("--llama-src", type=Path, help="llama.cpp source tree (default: the llama-cpp-python sdist's)")
+    ap.add_argument("--build-dir", type=Path, help="build cache (default $EASD_LOCAL_HOME/llama.cpp-build/<version>)")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for the build")
     a = ap.parse_args()
     # a SIGTERM (timeout, kill) ends through the finally blocks, so the server process is stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model_args = (["--draft", a.draft, "--target", a.target] if a.draft else (["--pair", a.pair] if a.pair else []))
-    extra = ["--ctx", str(a.ctx)] + (["--threads", str(a.threads)] if a.threads else [])
+    extra = ["--ctx", str(a.ctx), "--gamma", str(a.gamma)] + (["--threads", str(a.threads)] if a.threads else [])
+    exe = None
+    if not a.no_llama_server:
+        draft, target = (Path(a.draft), Path(a.target)) if a.draft else bench_speed.default_pair()
+        if a.pair not in (None, "default") or target is None:
+            log("NOTE: llama-server runs only with --draft/--target or the pulled default pair; skipping it")
+        else:
+            tools = bench_speed.ensure_tools(a, ("llama-server",))
+            exe = tools["llama-server"] if tools else None
     rows = []
     log(f"load: {os.getloadavg()}")
-    print(f"{'parallel':>8} {'mode':>8} {'K':>3} {'reqs':>4} {'agg tok/s':>10} {'TTFT p50':>9} {'TTFT p95':>9} "
-          f"{'req tok/s p50':>13}")
+    print(f"{'system':>12} {'parallel':>8} {'mode':>8} {'K':>3} {'reqs':>4} {'agg tok/s':>10} {'TTFT p50':>9} "
+          f"{'TTFT p95':>9} {'req tok/s p50':>13} {'load':>5}")
     for par in [int(x) for x in a.parallel.split(",")]:
-        server = Server(model_args, par, extra, a.log_dir / f"bench_serve_p{par}.log")
+        server = ours(model_args, par, extra, a.log_dir / f"bench_serve_p{par}.log")
         try:
             for mode in a.modes.split(","):
-                one_request(server.base, "warm up", mode, 4)
-                for k in [int(x) for x in a.clients.split(",")]:
-                    texts = prompts(max(a.requests, k))
-                    res = run_load(server.base, mode, k, texts, a.max_tokens)
-                    wall = max(r["t_end"] for r in res) - min(r["t0"] for r in res)
-                    tokens = sum(r["tokens"] for r in res)
-                    ttft = [r["ttft"] for r in res]
-                    per = [r["tok_s"] for r in res if r["tok_s"] is not None]
-                    row = {"parallel": par, "mode": mode, "clients": k, "requests": len(res), "tokens": tokens,
-                           "wall_s": wall, "aggregate_tok_s": tokens / wall, "ttft_p50_s": pct(ttft, 0.5),
-                           "ttft_p95_s": pct(ttft, 0.95), "request_tok_s_p50": statistics.median(per) if per else None,
-                           "load": os.getloadavg()[0], "runs": sorted(res, key=lambda r: r["i"])}
-                    rows.append(row)
-                    print(f"{par:>8} {mode:>8} {k:>3} {len(res):>4} {row['aggregate_tok_s']:>10.2f} "
-                          f"{row['ttft_p50_s']:>9.3f} {row['ttft_p95_s']:>9.3f} "
-                          f"{(row['request_tok_s_p50'] or float('nan')):>13.2f}", flush=True)
+                rows += measure(server.base, "easd-local", par, mode, a)
         finally:
             server.stop()
+        if exe is None:
+            continue
+        for mode, with_draft in (("target", False), ("sd", True)):
+            if mode not in a.modes.split(","):
+                continue
+            ls = llama_server(exe, draft, target, par, with_draft, a, a.log_dir / f"llama_server_p{par}_{mode}.log")
+            try:
+                rows += measure(ls.base, "llama-server", par, mode, a)
+            finally:
+                ls.stop()
     log(f"load: {os.getloadavg()}")
+    ratio_table(rows)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
 

@@ -67,7 +67,12 @@ CMAKE_FLAGS = (
     "-DLLAMA_CURL=OFF",
     "-DGGML_NATIVE=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
+    # on, so that scripts/bench_serve.py can build llama-server in the same tree; only the
+    # targets asked for are built. No web UI: no npm, and no download from the HF bucket.
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
 )
 TARGET_SPEEDS = {  # the goals this script checks (ratio, description)
     "sd": (0.90, "our sd >= 0.90x llama-speculative-simple"),
@@ -100,12 +105,12 @@ def default_build_root() -> Path:
     return paths.home() / "llama.cpp-build"
 
 
-def tool_paths(build_dir: Path) -> dict[str, Path]:
-    return {t: build_dir / "build" / "bin" / t for t in TOOLS}
+def tool_paths(build_dir: Path, tools: tuple[str, ...] = TOOLS) -> dict[str, Path]:
+    return {t: build_dir / "build" / "bin" / t for t in tools}
 
 
-def have_tools(build_dir: Path) -> bool:
-    return all(p.is_file() and os.access(p, os.X_OK) for p in tool_paths(build_dir).values())
+def have_tools(build_dir: Path, tools: tuple[str, ...] = TOOLS) -> bool:
+    return all(p.is_file() and os.access(p, os.X_OK) for p in tool_paths(build_dir, tools).values())
 
 
 def _is_llama_src(p: Path) -> bool:
@@ -144,17 +149,17 @@ def find_source(explicit: Path | None, build_dir: Path, version: str) -> Path:
     return unpacked
 
 
-def build_tools(src: Path, build_dir: Path, jobs: int) -> float:
-    """Configure and build only the two tools; returns the seconds it took. Logs go to
+def build_tools(src: Path, build_dir: Path, jobs: int, tools: tuple[str, ...] = TOOLS) -> float:
+    """Configure and build only ``tools``; returns the seconds it took. Logs go to
     build_dir/build-*.log; on failure the tail is shown."""
     bdir = build_dir / "build"
     bdir.mkdir(parents=True, exist_ok=True)
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     steps = [
         ("configure", ["cmake", "-S", str(src), "-B", str(bdir), *gen, *CMAKE_FLAGS]),
-        ("build", ["cmake", "--build", str(bdir), "--config", "Release", "-j", str(jobs), "--target", *TOOLS]),
+        ("build", ["cmake", "--build", str(bdir), "--config", "Release", "-j", str(jobs), "--target", *tools]),
     ]
-    log(f"BUILDING llama.cpp tools {', '.join(TOOLS)} (once; later runs reuse them)")
+    log(f"BUILDING llama.cpp tools {', '.join(tools)} (once; later runs reuse them)")
     log(f"  source: {src}")
     log(f"  into:   {bdir}")
     log(f"  flags:  {' '.join(CMAKE_FLAGS)}, -j{jobs}  (this takes a while on a small machine)")
@@ -168,30 +173,30 @@ def build_tools(src: Path, build_dir: Path, jobs: int) -> float:
             raise SystemExit(f"error: llama.cpp {name} failed (exit {r.returncode}); see {logf}:\n" + "\n".join(tail))
         log(f"  {name}: done after {time.perf_counter() - t0:.0f} s")
     dt = time.perf_counter() - t0
-    if not have_tools(build_dir):
-        raise SystemExit(f"error: the build finished but {', '.join(TOOLS)} are not in {bdir / 'bin'}")
+    if not have_tools(build_dir, tools):
+        raise SystemExit(f"error: the build finished but {', '.join(tools)} are not in {bdir / 'bin'}")
     log(f"built llama.cpp tools in {dt / 60:.1f} min")
     (build_dir / "BUILD_INFO.json").write_text(json.dumps(
-        {"source": str(src), "flags": list(CMAKE_FLAGS), "jobs": jobs, "seconds": round(dt, 1),
+        {"source": str(src), "tools": list(tools), "flags": list(CMAKE_FLAGS), "jobs": jobs, "seconds": round(dt, 1),
          "date": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2) + "\n")
     return dt
 
 
-def ensure_tools(args) -> dict[str, Path] | None:
+def ensure_tools(args, tools: tuple[str, ...] = TOOLS) -> dict[str, Path] | None:
     """Paths of the built tools, building them if needed (and allowed); None if the native
-    half must be skipped."""
+    half must be skipped. ``args`` needs build_dir, no_build, llama_src and jobs."""
     version = llama_cpp_python_version()
     build_dir = (args.build_dir or default_build_root() / f"llama-cpp-python-{version}").expanduser()
-    if have_tools(build_dir):
+    if have_tools(build_dir, tools):
         log(f"llama.cpp tools: using the build in {build_dir / 'build' / 'bin'}")
-        return tool_paths(build_dir)
+        return tool_paths(build_dir, tools)
     if args.no_build:
         log(f"NOTE: llama.cpp tools are not built in {build_dir / 'build' / 'bin'} and --no-build was given: "
             "skipping the llama.cpp half (run without --no-build once to build them)")
         return None
     src = find_source(args.llama_src, build_dir, version)
-    build_tools(src, build_dir, args.jobs)
-    return tool_paths(build_dir)
+    build_tools(src, build_dir, args.jobs, tools)
+    return tool_paths(build_dir, tools)
 
 
 # ------------------------------------------------------------------------ llama.cpp runs

@@ -13,6 +13,7 @@ from serve_helpers import ServerProc, http, metric_values
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import generate_all
 from easd_local.engine.pair import load_pair
+from easd_local.store.filehash import hash_file
 from easd_local.engine.runtime import LoadOptions
 
 CTX = 1024
@@ -21,6 +22,7 @@ TIMINGS_KEYS = {
     "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_second",
     "queue_ms", "ttft_ms", "draft_n", "draft_n_accepted", "sd_accepted", "sd_rejections", "gate_fires", "bonus",
     "mode", "lossless", "tau_draft", "tau_target", "top_n", "overlap", "penalty", "thresholds_source", "stop_reason",
+    "env_id",
 }
 PROMPTS = ["Tell me a story", "hello there", "What is 2+2?", "abc def", "Write a poem", "ok", "The sky is",
            "Count: one two"]
@@ -57,10 +59,17 @@ def _check_timings(t: dict, n_tokens: int, mode: str = "sd") -> None:
         assert t["draft_n"] >= t["sd_accepted"] >= t["draft_n_accepted"]
 
 
-def test_health_models_metrics(server, client, model_name):
+def test_health_models_metrics(server, client, model_name, tiny_target):
     status, _, body = http("GET", server.base + "/health")
     assert status == 200 and body == {"status": "ok"}
-    assert [m.id for m in client.models.list().data] == [model_name]
+    models = client.models.list().data
+    assert [m.id for m in models] == [model_name]
+    # what produced this server's results: the tiny pair's hashes and the environment's id
+    prov = models[0].model_extra["meta"]["provenance"]
+    assert prov["target"]["sha256"] == hash_file(tiny_target)[1] and prov["env"]["parallel"] == 4
+    r = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.model_extra["timings"]["env_id"] == prov["env_id"]
+    assert "backend CPU" in server.output() and "target layers CPU" in server.output()
     status, headers, text = http("GET", server.base + "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain")
     values = metric_values(text)
@@ -132,7 +141,11 @@ def test_stop_strings(client, model_name):
     r = client.chat.completions.create(model=model_name, messages=msgs, max_tokens=30, stop=[stop, "\x00never"])
     assert r.choices[0].message.content == expected and r.choices[0].finish_reason == "stop"
     t = r.model_extra["timings"]
-    assert t["stop_reason"] == "stop_string" and t["draft_n"] is None and t["predicted_n"] == r.usage.completion_tokens
+    # decoding's own statistics of what it decoded: the SD identity holds, and the step that
+    # produced the stop string may have decoded up to gamma + 1 tokens past the cut
+    assert t["stop_reason"] == "stop_string" and t["draft_n"] is not None and t["draft_n"] >= t["sd_accepted"]
+    assert t["draft_n_accepted"] + t["sd_rejections"] + t["gate_fires"] + t["bonus"] == t["predicted_n"]
+    assert r.usage.completion_tokens <= t["predicted_n"] <= r.usage.completion_tokens + t["gamma"] + 1
     chunks = list(client.chat.completions.create(model=model_name, messages=msgs, max_tokens=30, stop=stop,
                                                  stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected

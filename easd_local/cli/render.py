@@ -22,15 +22,11 @@ LEGEND = (
 def placement_text(models) -> str:
     """Where each model's layers live, e.g. ``target RPC0 (10.0.0.2:50052) 25/25 · draft CPU 25/25``;
     empty when every layer is on the local CPU (the usual case, nothing to say)."""
-    parts = []
-    for role in ("target", "draft"):
-        m = getattr(models, role, None)
-        where = getattr(m, "placement", None) or {}
-        if where:
-            total = sum(where.values())
-            parts.append(f"{role} " + " + ".join(f"{dev} {n}/{total}" for dev, n in where.items()))
-    everywhere = {dev for role in ("target", "draft") for dev in (getattr(getattr(models, role, None), "placement", None) or {})}
-    return " · ".join(parts) if everywhere - {"CPU"} else ""
+    p = placement(models)
+    roles = [r for r in ("target", "draft") if p.get(r) and p[r]["layers"]]
+    if not {dev for r in roles for dev in p[r]["layers"]} - {"CPU"}:
+        return ""
+    return " · ".join(f"{r} {_layers(p[r])}" for r in roles)
 
 
 def status_line(s: Stats, where: str = "") -> str:
@@ -108,6 +104,12 @@ def memory_line(models) -> str:
     return " · ".join(parts)
 
 
+def _layers(r: dict) -> str:
+    """One model's layers by device, e.g. ``CPU 20/28 + CUDA0 8/28``."""
+    total = r["layers_total"]
+    return " + ".join(f"{dev} {n}/{total}" for dev, n in r["layers"].items()) or "layers unknown"
+
+
 def placement_line(models) -> str:
     """The banner's line: backend, each model's layers by device, and memory."""
     p = placement(models)
@@ -116,10 +118,8 @@ def placement_line(models) -> str:
         r = p.get(role)
         if not r:
             continue
-        total = r["layers_total"]
-        layers = " + ".join(f"{dev} {n}/{total}" for dev, n in r["layers"].items()) or "layers unknown"
         mem = f", model {human_size(r['model_bytes'])}, KV {human_size(r['kv_bytes'])}" if r["model_bytes"] is not None else ""
-        parts.append(f"{role} layers {layers}{mem}")
+        parts.append(f"{role} layers {_layers(r)}{mem}")
     return " · ".join(parts)
 
 

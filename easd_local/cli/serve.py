@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..store import provenance
 from ..chat import auto_mode
 from ..engine.config import DecodeConfig
 from ..errors import ConfigError, EasdError
@@ -18,6 +19,7 @@ from ..engine.devices import gpu_offload_supported
 from . import options as o
 from .common import err_console, friendly
 from .pull_ui import DownloadUI
+from .render import placement_line
 
 
 def is_loopback(host: str) -> bool:
@@ -110,8 +112,14 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
         if server_box:
             server_box[0].should_exit = True
 
+    def on_loaded(pair) -> dict:
+        # the banner's placement line, and the provenance that /v1/models and every response's
+        # env_id carry (model hashes come from the hash cache: only unknown files are read)
+        err_console.print(placement_line(pair), style="dim", soft_wrap=True)
+        return provenance.collect(spec.draft, spec.target, topts, dopts, parallel=parallel).to_dict()
+
     engine = Engine(lambda: open_models(spec.draft, spec.target, topts, dopts), parallel, queue,
-                    on_load_failed=on_load_failed)
+                    on_load_failed=on_load_failed, on_loaded=on_loaded)
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
                                          api_key=api_key, max_body=max_body))
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")

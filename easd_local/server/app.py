@@ -143,8 +143,13 @@ class Completion:
                     if stop.stopped:
                         over = True
                         self.engine.cancel(self.job, "stop")
-                        timings = timings_from_tally(tally, self.cfg, self.source, self.queue_s, "stop_string")
-                        self.end = ("stop", usage(self.prompt_n, tally.tokens), timings)
+                        stats = await self._stats_after_stop()
+                        if stats is not None:
+                            timings = timings_from_stats(stats, self.cfg, self.queue_s)
+                        else:
+                            timings = timings_from_tally(tally, self.cfg, self.source, self.queue_s, "stop_string")
+                        # usage: the tokens whose text was returned; timings: all that was decoded
+                        self.end = ("stop", usage(self.prompt_n, tally.tokens), self._stamped(timings))
                         return
                 elif isinstance(msg, Finished):
                     over = True
@@ -154,7 +159,8 @@ class Completion:
                         yield text
                     s = msg.stats
                     reason = "stop" if stop.stopped else finish_reason(s.stop_reason)
-                    self.end = (reason, usage(s.prompt_tokens, s.tokens), timings_from_stats(s, self.cfg, self.queue_s))
+                    self.end = (reason, usage(s.prompt_tokens, s.tokens),
+                                self._stamped(timings_from_stats(s, self.cfg, self.queue_s)))
                     return
                 else:  # Failed, or a shutdown
                     over = True
@@ -163,6 +169,28 @@ class Completion:
         finally:
             if not over:  # the client went away (the consumer was cancelled)
                 self.engine.cancel(self.job)
+
+    def _stamped(self, timings: dict) -> dict:
+        """The server's environment id on every response's statistics, so that a client that
+        keeps them can tell which build, machine and model files produced them."""
+        prov = self.engine.provenance
+        return {**timings, "env_id": prov.get("env_id") if prov else None}
+
+    async def _stats_after_stop(self, timeout: float = 30.0):
+        """Decoding's statistics of a request cut by a stop string: the engine answers the
+        "stop" cancel with a Finished (or had already finished it); tokens decoded past the
+        cut are dropped on the way. None if that never comes (the server is shutting down)."""
+        async def wait():
+            while True:
+                msg = await self.queue.get()
+                if isinstance(msg, Finished):
+                    return msg.stats
+                if not isinstance(msg, TokenEvent):
+                    return None
+        try:
+            return await asyncio.wait_for(wait(), timeout)
+        except asyncio.TimeoutError:
+            return None
 
     async def collect(self) -> dict:
         text = "".join([p async for p in self.pieces()])
@@ -219,8 +247,10 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
             check_key(request)
         except ApiError as e:
             return error_response(e)
-        return JSONResponse({"object": "list", "data": [
-            {"id": conf.model_name, "object": "model", "created": 0, "owned_by": "easd-local"}]})
+        entry = {"id": conf.model_name, "object": "model", "created": 0, "owned_by": "easd-local"}
+        if engine.provenance is not None:  # what produces this server's results (as bench rows record it)
+            entry["meta"] = {"provenance": engine.provenance}
+        return JSONResponse({"object": "list", "data": [entry]})
 
     async def metrics(request: HttpRequest) -> Response:
         try:

@@ -61,8 +61,13 @@ class Job:
 
 class Engine:
     def __init__(self, load: Callable[[], Pair], n_parallel: int, queue_size: int,
-                 metrics: Metrics | None = None, on_load_failed: Callable[[BaseException], None] | None = None):
+                 metrics: Metrics | None = None, on_load_failed: Callable[[BaseException], None] | None = None,
+                 on_loaded: Callable[[Pair], dict | None] | None = None):
         self._load = load
+        # called in the engine thread once the models are loaded, before the server is ready;
+        # what it returns (the provenance of the server's results) is kept in ``provenance``
+        self._on_loaded = on_loaded
+        self.provenance: dict | None = None
         self._n_parallel = n_parallel
         self.queue_size = queue_size
         self.metrics = metrics or Metrics()
@@ -108,7 +113,9 @@ class Engine:
 
     def cancel(self, job: Job, outcome: str = "cancelled") -> None:
         """Drop a request (client gone, or a stop string matched): a waiting one leaves the
-        queue now, a running one frees its slot before the next step."""
+        queue now, a running one frees its slot before the next step. With ``outcome``
+        "stop" the request is sent a ``Finished`` with its statistics so far (the tokens
+        decoded by then: the stop string's step may have decoded a few past it)."""
         with self._cv:
             if job in self._waiting:
                 self._waiting.remove(job)
@@ -130,6 +137,8 @@ class Engine:
         try:
             self.pair = self._load()
             self._sched = Scheduler(self.pair, self._n_parallel)
+            if self._on_loaded is not None:
+                self.provenance = self._on_loaded(self.pair)
         except BaseException as e:  # noqa: BLE001 - reported by whoever started the server
             self.load_error = e
             self._ready.set()
@@ -160,7 +169,17 @@ class Engine:
                     return
                 cancels, self._cancels = self._cancels, []
             for job, outcome in cancels:
-                if not job.done and job.rid is not None:
+                if job.done or job.rid is None:
+                    continue
+                if outcome == "stop":
+                    # a stop string matched: the request still gets decoding's own statistics
+                    # of what was decoded (a Finished), the cells stay for prefix reuse
+                    fin = sched.stop(job.rid, "stop_string")
+                    self._end(job, outcome)
+                    if fin is not None:
+                        self.metrics.finished(fin.stats)
+                        job.deliver(fin)
+                else:
                     sched.cancel(job.rid)
                     self._end(job, outcome)
             self._admit()
