@@ -128,6 +128,18 @@ def test_broken_chat_template_is_one_line_everywhere(broken, tiny_draft, tmp_pat
     assert "chat template in its GGUF metadata is broken" in line and "bench renders every question" in line
 
 
+def test_models_inspect_says_a_template_is_broken(broken, tiny_target):
+    # from the header alone (no model load), compiled by the formatter the runtime uses
+    r = runner.invoke(app, ["models", "inspect", str(broken["bad_template"])], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    row = next(line for line in r.output.splitlines() if "chat template" in line)
+    assert "broken (TemplateSyntaxError: Encountered unknown tag 'endfxr'" in row, row
+    assert "generate --raw prompts without it" in " ".join(r.output.replace("│", " ").split())
+    r = runner.invoke(app, ["models", "inspect", str(tiny_target)], env={"COLUMNS": "200"})
+    row = next(line for line in r.output.splitlines() if "chat template" in line)
+    assert row.split("chat template")[1].strip(" │|").startswith("yes"), row
+
+
 def test_good_template_still_renders(tiny_target):
     with ModelFile(tiny_target) as m:
         assert m.vocab.chat_template_error() is None

@@ -68,7 +68,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             ("tensor types", ", ".join(f"{k}×{v}" for k, v in f.tensor_types.items())),
             ("vocabulary", f"{f.n_vocab:,} tokens ({f.vocab_type})"),
             ("context (trained)", f"{f.n_ctx_train:,}"),
-            ("chat template", "yes" if f.chat_template else "no"),
+            ("chat template", ("no" if not f.chat_template else "yes" if f.chat_template_error is None
+                               else f"broken ({f.chat_template_error}); generate --raw prompts without it")),
             ("KV rollback", "no (recurrent/hybrid)" if f.recurrent else "yes"),
             ("GGUF version", str(f.version)),
         ]

@@ -40,8 +40,26 @@ class GgufInfo:
     n_ctx_train: int
     file_type: str  # general.file_type as llama.cpp names it, without MOSTLY_ (e.g. Q4_K_M)
     chat_template: bool
+    chat_template_error: str | None  # the template is there but does not compile (jinja2), or None
     recurrent: bool  # recurrent or hybrid state: the KV cache cannot be rolled back
     tensor_types: dict[str, int] = field(default_factory=dict)  # tensors per quantization type
+
+
+def template_error(template: object) -> str | None:
+    """Why a GGUF chat template does not compile, in one line, or None (also when there is
+    none). Compiled by the formatter the runtime uses (llama-cpp-python's Jinja2ChatFormatter:
+    its sandbox and jinja2 extensions), so a template that passes here compiles there; no
+    model is loaded."""
+    if not isinstance(template, str):
+        return None
+    try:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        Jinja2ChatFormatter(template=template, eos_token="", bos_token="")
+    except Exception as e:  # jinja2's TemplateSyntaxError and kin, from a template we did not write
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{type(e).__name__}: {first}" if first else type(e).__name__
+    return None
 
 
 def file_type_name(ftype: int) -> str:
@@ -198,6 +216,7 @@ def read_gguf_info(path: str | os.PathLike) -> GgufInfo:
         n_ctx_train=int(fields.get(f"{arch}.context_length") or 0),
         file_type=file_type_name(int(ftype)) if isinstance(ftype, int) else "unknown",
         chat_template=fields.get("tokenizer.chat_template") is not None,
+        chat_template_error=template_error(fields.get("tokenizer.chat_template")),
         recurrent=recurrent,
         tensor_types=tensor_type_histogram([qtype for _, _, qtype, _ in h.tensors]),
     )
