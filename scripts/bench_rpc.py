@@ -49,7 +49,8 @@ def lo_bytes() -> int | None:
             name, _, rest = line.partition(":")
             if name.strip() == "lo":
                 f = rest.split()
-                return int(f[0]) + int(f[8])  # received + sent
+                # on loopback every byte sent is also received: count it once
+                return int(f[0])
     except OSError:
         pass
     return None
