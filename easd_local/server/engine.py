@@ -115,7 +115,7 @@ class Engine:
         """Drop a request (client gone, or a stop string matched): a waiting one leaves the
         queue now, a running one frees its slot before the next step. With ``outcome``
         "stop" the request is sent a ``Finished`` with its statistics so far (the tokens
-        decoded by then: the stop string's step may have decoded a few past it)."""
+        decoded by then: a few past the stop string, decoded before the cut arrived)."""
         with self._cv:
             if job in self._waiting:
                 self._waiting.remove(job)
