@@ -14,7 +14,7 @@ pytest.importorskip("llama_cpp")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from easd_local import chat as chat_mod  # noqa: E402
+from easd_local.chat import session as chat_mod  # noqa: E402
 from easd_local.chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter  # noqa: E402
 from easd_local.cli import app  # noqa: E402
 from easd_local.engine.decoding import TokenEvent  # noqa: E402
@@ -119,7 +119,7 @@ def test_chat_two_turns_and_commands(tiny_draft, tiny_target, home, tmp_path):
     assert kinds.count("user") == 2 and kinds.count("assistant") == 2
     assert "mode" in kinds and "set" in kinds and "system" in kinds and "reset" in kinds
     replies = [row for row in rows if row["event"] == "assistant"]
-    from easd_local.chat import auto_mode
+    from easd_local.engine.modes import auto_mode
     from easd_local.engine.devices import gpu_offload_supported
 
     assert replies[0]["stats"]["mode"] == auto_mode(gpu_offload_supported(), -1, True)[0]
@@ -406,7 +406,7 @@ def test_stats_shows_the_figures_of_the_modes_used(tiny_draft, tiny_target, tmp_
 
 
 def test_auto_mode_picks_the_path_for_the_hardware():
-    from easd_local.chat import auto_mode
+    from easd_local.engine.modes import auto_mode
 
     assert auto_mode(False, -1, True)[0] == "easd-tf"
     assert auto_mode(True, -1, True)[0] == "easd"
@@ -423,7 +423,7 @@ def test_banner_says_which_mode_was_chosen(tiny_draft, tiny_target, tmp_path, mo
     r = CliRunner().invoke(app, ["chat", "--draft", str(tiny_draft), "--target", str(tiny_target),
                                  "--max-tokens", "4", "--threads", "1"], input="hi\n")
     assert r.exit_code == 0, r.output
-    from easd_local.chat import auto_mode
+    from easd_local.engine.modes import auto_mode
     from easd_local.engine.devices import gpu_offload_supported
 
     mode, why = auto_mode(gpu_offload_supported(), -1, True)

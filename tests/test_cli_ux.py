@@ -83,7 +83,7 @@ def test_generate_json_repeats_its_run(tiny_draft, tiny_target):
 
 
 def test_same_rule_for_the_mode_in_generate_and_chat(tiny_draft, tiny_target):
-    from easd_local.chat import auto_mode
+    from easd_local.engine.modes import auto_mode
     from easd_local.engine.devices import gpu_offload_supported
 
     obj = _last_json(runner.invoke(app, ["generate", "hi", "-m", str(tiny_target), "-md", str(tiny_draft), "-n", "3",

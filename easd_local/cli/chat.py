@@ -1,7 +1,8 @@
 """`easd-local chat`: an interactive multi-turn chat, streamed, with slash commands.
 
 Only parsing, the input loop and rendering live here; the session itself (history,
-context trimming, commands, transcript) is ``easd_local.chat.ChatSession``.
+context trimming, turns) is ``easd_local.chat.ChatSession``, its slash commands are the
+table in ``easd_local.chat.commands`` and its transcript is ``easd_local.chat.transcript``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter, auto_mode
-from ..engine.config import not_lossless
+from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter
+from ..chat.commands import synopsis
+from ..engine.config import DecodeConfig, not_lossless
+from ..engine.modes import auto_mode
 from ..errors import EasdError
 from ..engine.pair import open_models
 from ..engine.devices import gpu_offload_supported
@@ -23,6 +26,10 @@ from .common import console, err_console, friendly
 from .pull_ui import DownloadUI
 from .progress import spinner, until_first
 from .render import LEGEND, ORIGIN_STYLE, placement_line, status_line
+
+
+# the keys that _Input and _loop give a meaning to; /help ends with them
+KEYS = "Ctrl-C stops a reply; Ctrl-C or Ctrl-D at the prompt leaves; end a line with \\ to continue it."
 
 
 class _Input:
@@ -162,6 +169,8 @@ def _loop(session: ChatSession, show_origin: bool) -> None:
                 return
             if res.message:
                 _note(res.message, "dim" if res.ok else "yellow")
+            if res.kind == "help":
+                _note(KEYS, "dim")
             continue
         try:
             _run_turn(session, text, writer)
@@ -174,11 +183,15 @@ def _loop(session: ChatSession, show_origin: bool) -> None:
 CHAT = o.DecodeOpts(CHAT_DEFAULTS, mode_default="auto: easd-tf on a CPU build, easd with GPU offload")
 
 
+def _sampling(cfg: DecodeConfig) -> str:
+    return f"temperature {cfg.temperature:g}, top-k {cfg.top_k}, top-p {cfg.top_p:g}"
+
+
 def banner(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str) -> list[tuple[str, str]]:
     """The lines chat starts with, and their styles."""
     lines = [(f"easd-local chat · {label} · mode {mode}{f' (auto: {why})' if why else ''} · context {n_ctx} tokens · "
               "/help for commands, Ctrl-D to leave", "dim")]
-    sampling = "greedy" if cfg.greedy else f"sampling: temperature {cfg.temperature:g}, top-k {cfg.top_k}, top-p {cfg.top_p:g}"
+    sampling = "greedy" if cfg.greedy else f"sampling: {_sampling(cfg)}"
     lines.append((f"{sampling}, up to {cfg.max_tokens} tokens a reply · {placement}", "dim"))
     reason = not_lossless(mode)
     if reason:
@@ -186,8 +199,21 @@ def banner(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str) -> 
     return lines
 
 
+# the commands and keys come from where they are defined, so --help cannot fall behind them
+HELP = f"""Chat with a draft/target pair, streamed, with slash commands.
+
+Default mode: easd-tf on a CPU build, easd with GPU offload (the same rule as generate).
+
+easd and easd-tf are not lossless: the gate replaces some of the target's tokens. For the target's own output use --mode sd (or /mode sd in the chat).
+
+Chat samples ({_sampling(CHAT_DEFAULTS)}, up to {CHAT_DEFAULTS.max_tokens} tokens a reply) as chat UIs do; generate is greedy (temperature {DecodeConfig().temperature:g}, {DecodeConfig().max_tokens} tokens) so that its runs repeat exactly. --temp 0 makes chat greedy.
+
+Each turn re-renders the history with the target's chat template; only the new tokens are evaluated. Commands: {synopsis()}. {KEYS} Every session is logged as JSONL in the transcripts folder (the path is printed when you leave).
+"""
+
+
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
-    @app.command("chat")
+    @app.command("chat", help=HELP)
     @friendly
     @o.with_options(before=(o.MODEL_OPTIONS, o.decode_group(CHAT)), after=(o.LLAMA_OPTIONS,))
     def chat(
@@ -195,16 +221,6 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         show_origin: Annotated[bool, typer.Option("--show-origin", help="Colour each token by where it came from.")] = False,
         **kw,
     ) -> None:
-        """Chat with a draft/target pair, streamed, with slash commands.
-
-        Default mode: easd-tf on a CPU build, easd with GPU offload (the same rule as generate).
-
-        easd and easd-tf are not lossless: the gate replaces some of the target's tokens. For the target's own output use --mode sd (or /mode sd in the chat).
-
-        Chat samples (temperature 0.7, top-k 40, top-p 0.95, up to 1024 tokens a reply) as chat UIs do; generate is greedy (temperature 0, 512 tokens) so that its runs repeat exactly. --temp 0 makes chat greedy.
-
-        Each turn re-renders the history with the target's chat template; only the new tokens are evaluated. Commands: /mode, /set KEY VALUE, /stats, /system, /reset, /save [PATH], /help, /quit. Ctrl-C stops a reply; Ctrl-C or Ctrl-D at the prompt leaves. Every session is logged as JSONL in the transcripts folder (the path is printed when you leave).
-        """
         draft, target, pair, yes, mode = (kw[k] for k in ("draft", "target", "pair", "yes", "mode"))
         flags = o.decode_flags(kw)
         # every value is checked before any model loads

@@ -11,7 +11,7 @@ import typer
 from rich.text import Text
 
 from ..store import provenance
-from ..chat import auto_mode
+from ..engine.modes import auto_mode
 from ..engine.config import DecodeConfig, not_lossless
 from ..engine.devices import gpu_offload_supported
 from ..errors import ChatTemplateError, ConfigError

@@ -60,3 +60,18 @@ def models_needed(modes) -> tuple[bool, bool]:
     """(needs a draft, needs a target) for running all of ``modes``."""
     rows = [mode_info(m) for m in modes]
     return any(r.needs_draft for r in rows), any(r.needs_target for r in rows)
+
+
+def auto_mode(gpu_offload: bool, n_gpu_layers: int, have_draft: bool) -> tuple[str, str]:
+    """The mode chat, generate and serve pick when none is given, and why (shown in chat's
+    banner).
+
+    On a CPU a verify batch of gamma+1 tokens costs several one-token decodes, so SD and
+    EASD built on it run slower than the target alone there (scripts/bench_modes.py);
+    target-first EASD keeps EASD's gate at close to the target's speed. With layers on a
+    GPU, batched verification is nearly free and the SD path is the fast one."""
+    if not have_draft:
+        return "target", "only a target was given"
+    if gpu_offload and n_gpu_layers != 0:
+        return "easd", "GPU offload: EASD on speculative decoding"
+    return "easd-tf", "CPU-only: target-first EASD is the faster path here (/mode easd for the SD path)"

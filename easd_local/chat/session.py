@@ -1,8 +1,9 @@
-"""The chat session core: history, context trimming, slash commands, transcript.
+"""The chat session: history, context trimming and turns.
 
 No printing and no typer here: ``cli/chat.py`` reads lines, calls ``ChatSession.send`` or
 ``ChatSession.command`` and renders what comes back, so everything below can be tested
-without a terminal.
+without a terminal. The slash commands are a table in ``commands``; what a chat leaves on
+disk (the JSONL transcript, ``/save``) is written by ``transcript``.
 
 Each turn renders the whole history with the target's GGUF chat template and calls
 ``decoding.generate``; ``generate`` reuses both models' KV caches by longest common prefix,
@@ -12,52 +13,23 @@ so only the new user message (and the template's glue) is evaluated.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Iterator, Union
 
-from . import paths
-from .fsutil import describe_write_error, write_text_atomic
-from .engine.config import RANDOM_SEED, DecodeConfig, apply_settings, not_lossless
-from .engine.modes import MODES, mode_info
-from .engine.decoding import Finished, Stats, Stopper, TokenEvent, acceptance_text, generate
-from .jsonsafe import jsonable
-from .errors import ConfigError, ContextOverflowError, EasdError
-from .engine.runtime import Model
-from .engine.text import check_text
+from ..engine.config import RANDOM_SEED, DecodeConfig, apply_settings
+from ..engine.decoding import Finished, Stats, Stopper, TokenEvent, generate
+from ..engine.modes import mode_info
+from ..engine.runtime import Model
+from ..engine.text import check_text
+from ..errors import ConfigError, ContextOverflowError, EasdError
+from ..jsonsafe import jsonable
+from . import commands
+from .commands import CommandResult
+from .transcript import TranscriptWriter, save_conversation
 
 # Chat's own sampling defaults (generate's are greedy with 512 tokens).
-def auto_mode(gpu_offload: bool, n_gpu_layers: int, have_draft: bool) -> tuple[str, str]:
-    """The mode chat picks when none is given, and why (shown in the banner).
-
-    On a CPU a verify batch of gamma+1 tokens costs several one-token decodes, so SD and
-    EASD built on it run slower than the target alone there (scripts/bench_modes.py);
-    target-first EASD keeps EASD's gate at close to the target's speed. With layers on a
-    GPU, batched verification is nearly free and the SD path is the fast one."""
-    if not have_draft:
-        return "target", "only a target was given"
-    if gpu_offload and n_gpu_layers != 0:
-        return "easd", "GPU offload: EASD on speculative decoding"
-    return "easd-tf", "CPU-only: target-first EASD is the faster path here (/mode easd for the SD path)"
-
-
 CHAT_DEFAULTS = DecodeConfig(temperature=0.7, top_k=40, top_p=0.95, max_tokens=1024)
-
-COMMANDS_HELP = [
-    ("/mode MODE", f"switch decoding mode ({'|'.join(MODES)}); sd and target give the target's own output, "
-                   "easd and easd-tf are not lossless"),
-    ("/set KEY VALUE", "change a setting: temperature, gamma, tau-draft, tau-target, top-n, overlap, penalty, "
-                       "top-k, top-p, max-tokens, seed, draft-p-min"),
-    ("/stats", "session statistics and the settings in force"),
-    ("/system [TEXT]", "set the system prompt (no TEXT: clear it)"),
-    ("/reset", "clear the conversation (the system prompt stays)"),
-    ("/save [PATH]", "save the conversation (.json, or .md for Markdown); default in the transcripts folder"),
-    ("/help", "this list"),
-    ("/quit", "leave (Ctrl-D works too)"),
-]
 
 
 # --------------------------------------------------------------------------- data
@@ -98,15 +70,6 @@ class Reply:
 ChatEvent = Union[Notice, TokenEvent, Reply]
 
 
-@dataclass(frozen=True)
-class CommandResult:
-    ok: bool  # False: a hint about a bad command or value (the session goes on)
-    message: str = ""
-    quit: bool = False
-    kind: str = ""  # the command's name ("mode", "set", ...; "unknown" for unknown ones)
-    data: dict = field(default_factory=dict)
-
-
 @dataclass
 class SessionTotals:
     """The session's statistics: the sum of every turn's ``Stats``, interrupted ones
@@ -140,86 +103,6 @@ class SessionTotals:
             "seconds_generating": s.seconds_generating,
             "seconds_prompt": s.seconds_prompt,
         }
-
-
-def settings_dict(cfg: DecodeConfig) -> dict:
-    return jsonable(dataclasses.asdict(cfg))
-
-
-# --------------------------------------------------------------------------- transcript
-class TranscriptWriter:
-    """Append-only JSONL: one line per event, written and fsynced as it happens, so a
-    session that dies leaves every event before the crash on disk.
-
-    A transcript is a convenience: when it cannot be written (no room, a home folder that
-    is a file, no permission), the writer stops, cuts off any partial line and keeps the
-    reason in ``error``; the chat goes on without it. ``take_warning`` hands that reason
-    out once, for the caller to show."""
-
-    def __init__(self, path: Path, *, failed: OSError | None = None):
-        self.path = Path(path)
-        self.error: str | None = None
-        self._warned = False
-        self._fd: int | None = None
-        try:
-            if failed is not None:
-                raise failed
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as e:
-            self._fail(e)
-
-    @classmethod
-    def new(cls, directory: Path | None = None) -> "TranscriptWriter":
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        name = f"chat-{stamp}-{os.getpid()}.jsonl"
-        if directory is None:
-            try:
-                directory = paths.transcripts_dir()
-            except OSError as e:  # the home is a file, or cannot be created
-                return cls(paths.home() / "transcripts" / name, failed=e)
-        return cls(Path(directory) / name)
-
-    def _fail(self, e: OSError) -> None:
-        self.error = describe_write_error(self.path, e)
-        self.close()
-
-    def write(self, event: str, **data) -> None:
-        if self._fd is None:
-            return
-        row = {"event": event, "time": datetime.now().astimezone().isoformat(timespec="seconds"), **jsonable(data)}
-        line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8", errors="replace")
-        try:
-            before = os.lseek(self._fd, 0, os.SEEK_END)
-        except OSError as e:
-            self._fail(e)
-            return
-        try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(self._fd, view):]
-            os.fsync(self._fd)
-        except OSError as e:
-            try:  # no half line left behind for a reader to choke on
-                os.ftruncate(self._fd, before)
-            except OSError:
-                pass
-            self._fail(e)
-
-    def take_warning(self) -> str | None:
-        """Why the transcript stopped, the first time this is asked after it did."""
-        if self.error is None or self._warned:
-            return None
-        self._warned = True
-        return f"warning: the chat transcript is off: {self.error}; the chat goes on without it"
-
-    def close(self) -> None:
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
 
 
 # --------------------------------------------------------------------------- session
@@ -270,7 +153,7 @@ class ChatSession:
             n_ctx=self.n_ctx,
             system=self.system,
             thresholds_source=thresholds_source,
-            settings=settings_dict(self.cfg),
+            settings=self.settings(),
         )
 
     # ------------------------------------------------------------------ basics
@@ -419,42 +302,24 @@ class ChatSession:
         self._log("assistant", content=text, interrupted=True, tokens=p["n"], mode=p["mode"])
         return Reply(text, None, True, "", p["n"])
 
-    # ------------------------------------------------------------------ slash commands
+    # ------------------------------------------------------------------ what the commands change
     def command(self, line: str) -> CommandResult:
-        """Run one slash command (``line`` starts with '/')."""
-        parts = line.strip().split(None, 1)
-        name = parts[0].lower().lstrip("/") if parts else ""
-        arg = parts[1].strip() if len(parts) > 1 else ""
-        handler = {
-            "mode": self._cmd_mode, "set": self._cmd_set, "stats": self._cmd_stats,
-            "system": self._cmd_system, "reset": self._cmd_reset, "save": self._cmd_save,
-            "help": self._cmd_help, "?": self._cmd_help, "quit": self._cmd_quit, "exit": self._cmd_quit,
-            "q": self._cmd_quit,
-        }.get(name)
-        if handler is None:
-            return CommandResult(False, f"unknown command /{name}; /help lists the commands", kind="unknown")
-        try:
-            return handler(arg)
-        except EasdError as e:
-            return CommandResult(False, str(e), kind=name)
+        """Run one slash command (``line`` starts with '/'); see ``commands``."""
+        return commands.run(self, line)
 
-    def _cmd_mode(self, arg: str) -> CommandResult:
-        if not arg:
-            return CommandResult(False, f"usage: /mode {'|'.join(MODES)} (now {self.cfg.mode})", kind="mode")
-        mode = arg.lower()
+    def settings(self) -> dict:
+        """The settings in force, JSON-safe (as the transcript, /stats and /save show them)."""
+        return jsonable(dataclasses.asdict(self.cfg))
+
+    def set_mode(self, mode: str) -> None:
         self._check_mode(mode)
         self.cfg = self.cfg.replace(mode=mode)
         self._log("mode", mode=mode)
-        why = not_lossless(mode)
-        note = f" ({why}; /mode sd gives the target's own output)" if why else " (lossless: the target's own output)"
-        return CommandResult(True, f"mode {mode}{note}", kind="mode", data={"mode": mode})
 
-    def _cmd_set(self, arg: str) -> CommandResult:
-        parts = arg.split()
-        if len(parts) != 2:
-            return CommandResult(False, "usage: /set KEY VALUE (e.g. /set temperature 0.3, /set tau-target 0.8)",
-                                 kind="set")
-        key, value = parts
+    def apply_setting(self, key: str, value: str) -> dict:
+        """Set ``key`` (a DecodeConfig field, as typed: "tau-target") to ``value`` (text);
+        returns the fields that changed. ConfigError, with nothing changed, for a bad key or
+        value."""
         cfg = apply_settings(self.cfg, {key: value}).validate(self.n_vocab)
         if cfg.mode != self.cfg.mode:
             self._check_mode(cfg.mode)
@@ -462,12 +327,13 @@ class ChatSession:
         self.cfg = cfg
         if {"tau_draft", "tau_target"} & changed.keys():
             self.thresholds_source = "/set"
-        self._log("set", key=key, value=value, changes=changed, settings=settings_dict(cfg))
-        shown = ", ".join(f"{k.replace('_', '-')} = {v:g}" if isinstance(v, float) else f"{k.replace('_', '-')} = {v}"
-                          for k, v in changed.items()) or "unchanged"
-        if "mode" in changed and not_lossless(cfg.mode):
-            shown += f" ({not_lossless(cfg.mode)}; /mode sd gives the target's own output)"
-        return CommandResult(True, shown, kind="set", data=changed)
+        self._log("set", key=key, value=value, changes=changed, settings=self.settings())
+        return changed
+
+    def set_system(self, text: str) -> None:
+        """Set the system prompt ("" clears it)."""
+        self.system = check_text(text, "the system prompt") or None
+        self._log("system", content=self.system)
 
     def stats(self) -> dict:
         """Cumulative session statistics, the settings in force and the context use."""
@@ -479,33 +345,8 @@ class ChatSession:
             "context_tokens": n_ctx_used,
             "n_ctx": self.n_ctx,
             "thresholds_source": self.thresholds_source,
-            "settings": settings_dict(self.cfg),
+            "settings": self.settings(),
         }
-
-    def _cmd_stats(self, arg: str) -> CommandResult:
-        s = self.stats()
-        # only the figures that the modes used so far have: acceptance for SD turns,
-        # consults for target-first turns
-        spec = []
-        if s["drafted"]:
-            spec.append(acceptance_text(s["drafted"], s["draft_accepted"], s["mean_accepted_len"]))
-        if s["draft_consult_rate"] is not None:
-            spec.append(f"draft consulted at {100 * s['draft_consult_rate']:.0f}% of easd-tf positions")
-        spec.append(f"EASD fires {s['easd_fires']} ({s['easd_fires_per_100']:.1f}/100 tokens)")
-        lines = [
-            f"turns {s['turns']} ({s['interrupted']} interrupted) · {s['tokens']} tokens · "
-            f"{s['tokens_per_s']:.1f} tok/s",
-            " · ".join(spec),
-            f"history {s['context_tokens']} tokens rendered · context {s['n_ctx']} · "
-            f"{s['messages_in_context']}/{s['messages']} messages in context · thresholds: {s['thresholds_source']}",
-            "settings: " + " ".join(f"{k.replace('_', '-')}={v}" for k, v in s["settings"].items()),
-        ]
-        return CommandResult(True, "\n".join(lines), kind="stats", data=s)
-
-    def _cmd_system(self, arg: str) -> CommandResult:
-        self.system = check_text(arg, "the system prompt") or None
-        self._log("system", content=self.system)
-        return CommandResult(True, "system prompt set" if arg else "system prompt cleared", kind="system")
 
     def reset(self) -> None:
         if self._pending is not None:
@@ -513,66 +354,12 @@ class ChatSession:
         self.messages.clear()
         self._log("reset")
 
-    def _cmd_reset(self, arg: str) -> CommandResult:
-        self.reset()
-        return CommandResult(True, "conversation cleared" + (" (system prompt kept)" if self.system else ""),
-                             kind="reset")
-
     def save(self, path: Path | str | None = None) -> Path:
-        """Write the conversation as JSON, or Markdown for .md/.markdown (atomic)."""
-        if path is None:
-            stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-            path = paths.transcripts_dir() / f"chat-{stamp}.json"
-        path = Path(path).expanduser()
-        if path.suffix.lower() in (".md", ".markdown"):
-            text = self.to_markdown()
-        else:
-            text = json.dumps(self.to_json(), ensure_ascii=False, indent=2) + "\n"
-        write_text_atomic(path, text)
+        """Write the conversation as JSON, or Markdown for .md/.markdown (atomic; a new file
+        in the transcripts folder when ``path`` is None). Raises OSError."""
+        path = save_conversation(self, path)
         self._log("save", path=str(path))
         return path
-
-    def _cmd_save(self, arg: str) -> CommandResult:
-        try:
-            path = self.save(arg or None)
-        except OSError as e:
-            where = Path(arg).expanduser() if arg else paths.home() / "transcripts"
-            return CommandResult(False, f"could not save: {describe_write_error(where, e)}", kind="save")
-        return CommandResult(True, f"saved {path}", kind="save", data={"path": str(path)})
-
-    def _cmd_help(self, arg: str) -> CommandResult:
-        width = max(len(c) for c, _ in COMMANDS_HELP)
-        lines = [f"{c:<{width}}  {h}" for c, h in COMMANDS_HELP]
-        lines.append("Ctrl-C stops a reply; Ctrl-C or Ctrl-D at the prompt leaves; end a line with \\ to continue it.")
-        return CommandResult(True, "\n".join(lines), kind="help")
-
-    def _cmd_quit(self, arg: str) -> CommandResult:
-        return CommandResult(True, "", quit=True, kind="quit")
-
-    # ------------------------------------------------------------------ export / close
-    def to_json(self) -> dict:
-        return {
-            "pair": self.label,
-            "target": str(self.target.path) if self.target is not None else None,
-            "draft": str(self.draft.path) if self.draft is not None else None,
-            "saved_at": datetime.now().astimezone().isoformat(timespec="seconds"),
-            "settings": settings_dict(self.cfg),
-            "system": self.system,
-            "messages": [m.to_dict() for m in self.messages],
-            "stats": jsonable(self.totals.summary()),
-        }
-
-    def to_markdown(self) -> str:
-        out = [f"# easd-local chat{f' ({self.label})' if self.label else ''}", ""]
-        out.append(f"*{datetime.now().astimezone().isoformat(timespec='seconds')} · mode {self.cfg.mode}*")
-        out.append("")
-        if self.system:
-            out += ["## System", "", self.system, ""]
-        for m in self.messages:
-            title = "User" if m.role == "user" else "Assistant"
-            notes = [n for n, on in (("interrupted", m.interrupted), ("dropped from context", not m.in_context)) if on]
-            out += [f"## {title}{' (' + ', '.join(notes) + ')' if notes else ''}", "", m.content, ""]
-        return "\n".join(out)
 
     def close(self) -> None:
         if self._pending is not None:

@@ -1,0 +1,167 @@
+"""The chat's slash commands: one table of name, arguments, help and handler.
+
+``run`` dispatches a line through the table, ``/help`` and ``chat --help`` are written from
+it, so a command is added or changed here and nowhere else. A handler reads the line's
+argument, asks the session to act (the session validates, changes its state and logs it)
+and words the answer; nothing here prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from ..engine.config import FIELD_TYPES, LOSSLESS_HELP, MODES, not_lossless
+from ..engine.decoding import acceptance_text
+from ..errors import EasdError
+from .transcript import save_error
+
+if TYPE_CHECKING:  # the session imports this module; only its type is needed here
+    from .session import ChatSession
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    ok: bool  # False: a hint about a bad command or value (the session goes on)
+    message: str = ""
+    quit: bool = False
+    kind: str = ""  # the command's name ("mode", "set", ...; "unknown" for unknown ones)
+    data: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    args: str  # as /help shows them: "MODE", "KEY VALUE", "[PATH]" (optional), "" (none)
+    help: str
+    handler: Callable[["ChatSession", str], CommandResult]
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def usage(self) -> str:
+        return f"/{self.name} {self.args}".rstrip()
+
+
+def _not_lossless_note(mode: str) -> str:
+    why = not_lossless(mode)
+    return f" ({why}; /mode sd gives the target's own output)" if why else ""
+
+
+def _shown(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+# --------------------------------------------------------------------------- handlers
+def _mode(s: "ChatSession", arg: str) -> CommandResult:
+    if not arg:
+        return CommandResult(False, f"usage: /mode {'|'.join(MODES)} (now {s.cfg.mode})", kind="mode")
+    mode = arg.lower()
+    s.set_mode(mode)
+    note = _not_lossless_note(mode) or " (lossless: the target's own output)"
+    return CommandResult(True, f"mode {mode}{note}", kind="mode", data={"mode": mode})
+
+
+def _set(s: "ChatSession", arg: str) -> CommandResult:
+    parts = arg.split()
+    if len(parts) != 2:
+        return CommandResult(False, "usage: /set KEY VALUE (e.g. /set temperature 0.3, /set tau-target 0.8)",
+                             kind="set")
+    changed = s.apply_setting(*parts)
+    shown = ", ".join(f"{k.replace('_', '-')} = {_shown(v)}" for k, v in changed.items()) or "unchanged"
+    if "mode" in changed:
+        shown += _not_lossless_note(s.cfg.mode)
+    return CommandResult(True, shown, kind="set", data=changed)
+
+
+def _stats(s: "ChatSession", arg: str) -> CommandResult:
+    st = s.stats()
+    # only the figures that the modes used so far have: acceptance for SD turns,
+    # consults for target-first turns
+    spec = []
+    if st["drafted"]:
+        spec.append(acceptance_text(st["drafted"], st["draft_accepted"], st["mean_accepted_len"]))
+    if st["draft_consult_rate"] is not None:
+        spec.append(f"draft consulted at {100 * st['draft_consult_rate']:.0f}% of easd-tf positions")
+    spec.append(f"EASD fires {st['easd_fires']} ({st['easd_fires_per_100']:.1f}/100 tokens)")
+    lines = [
+        f"turns {st['turns']} ({st['interrupted']} interrupted) · {st['tokens']} tokens · "
+        f"{st['tokens_per_s']:.1f} tok/s",
+        " · ".join(spec),
+        f"history {st['context_tokens']} tokens rendered · context {st['n_ctx']} · "
+        f"{st['messages_in_context']}/{st['messages']} messages in context · thresholds: {st['thresholds_source']}",
+        "settings: " + " ".join(f"{k.replace('_', '-')}={v}" for k, v in st["settings"].items()),
+    ]
+    return CommandResult(True, "\n".join(lines), kind="stats", data=st)
+
+
+def _system(s: "ChatSession", arg: str) -> CommandResult:
+    s.set_system(arg)
+    return CommandResult(True, "system prompt set" if arg else "system prompt cleared", kind="system")
+
+
+def _reset(s: "ChatSession", arg: str) -> CommandResult:
+    s.reset()
+    return CommandResult(True, "conversation cleared" + (" (system prompt kept)" if s.system else ""), kind="reset")
+
+
+def _save(s: "ChatSession", arg: str) -> CommandResult:
+    try:
+        path = s.save(arg or None)
+    except OSError as e:
+        return CommandResult(False, save_error(arg or None, e), kind="save")
+    return CommandResult(True, f"saved {path}", kind="save", data={"path": str(path)})
+
+
+def _help(s: "ChatSession", arg: str) -> CommandResult:
+    return CommandResult(True, help_text(), kind="help")
+
+
+def _quit(s: "ChatSession", arg: str) -> CommandResult:
+    return CommandResult(True, "", quit=True, kind="quit")
+
+
+# --------------------------------------------------------------------------- the table
+_SETTINGS = ", ".join(k.replace("_", "-") for k in FIELD_TYPES if k != "mode")  # /mode sets the mode
+
+COMMANDS: tuple[Command, ...] = (
+    Command("mode", "MODE", f"switch decoding mode ({'|'.join(MODES)}); {LOSSLESS_HELP.rstrip('.')}", _mode),
+    Command("set", "KEY VALUE", f"change a setting: {_SETTINGS}", _set),
+    Command("stats", "", "session statistics and the settings in force", _stats),
+    Command("system", "[TEXT]", "set the system prompt (no TEXT: clear it)", _system),
+    Command("reset", "", "clear the conversation (the system prompt stays)", _reset),
+    Command("save", "[PATH]", "save the conversation (.json, or .md for Markdown); default in the transcripts folder",
+            _save),
+    Command("help", "", "this list", _help, aliases=("?",)),
+    Command("quit", "", "leave the chat", _quit, aliases=("exit", "q")),
+)
+
+
+def find(name: str) -> Command | None:
+    """The command called ``name`` (without the slash, lower case) or one of its aliases."""
+    return next((c for c in COMMANDS if name in (c.name, *c.aliases)), None)
+
+
+def help_text() -> str:
+    """One line a command: its usage and what it does."""
+    width = max(len(c.usage) for c in COMMANDS)
+    return "\n".join(f"{c.usage:<{width}}  {c.help}" for c in COMMANDS)
+
+
+def synopsis() -> str:
+    """The commands on one line ("/mode MODE, /set KEY VALUE, ...")."""
+    return ", ".join(c.usage for c in COMMANDS)
+
+
+def run(s: "ChatSession", line: str) -> CommandResult:
+    """Run one slash command (``line`` starts with '/') on session ``s``. An unknown
+    command or a bad value gives a result that is not ``ok``, never an exception."""
+    parts = line.strip().split(None, 1)
+    name = parts[0].lower().lstrip("/") if parts else ""
+    arg = parts[1].strip() if len(parts) > 1 else ""
+    cmd = find(name)
+    if cmd is None:
+        return CommandResult(False, f"unknown command /{name}; /help lists the commands", kind="unknown")
+    try:
+        return cmd.handler(s, arg)
+    except EasdError as e:
+        return CommandResult(False, str(e), kind=cmd.name)
