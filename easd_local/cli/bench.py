@@ -344,12 +344,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         sweep=(SweepOpt, None), pair=(PairsOpt, None), draft=(DraftsOpt, None), target=(TargetsOpt, None),
         yes=(_panel(o.YesOpt, P_MODELS), False), out=(OutOpt, None), resume=(ResumeOpt, False),
         strict_env=(StrictEnvOpt, False),
-        max_tokens=(BenchMaxTokOpt, None), temperature=(_panel(o.TempOpt, P_DECODE), None),
-        top_k=(_panel(o.TopKOpt, P_DECODE), None), top_p=(_panel(o.TopPOpt, P_DECODE), None),
-        gamma=(_panel(o.GammaOpt, P_DECODE), None), draft_p_min=(_panel(o.PMinOpt, P_DECODE), None),
-        top_n=(_panel(o.TopNOpt, P_DECODE), None), overlap=(_panel(o.OverlapOpt, P_DECODE), None),
-        tau_draft=(_panel(o.TauDOpt, P_DECODE), None), tau_target=(_panel(o.TauTOpt, P_DECODE), None),
-        penalty=(_panel(o.PenaltyOpt, P_DECODE), None),
+        max_tokens=(BenchMaxTokOpt, None),
+        # bench has its own --modes, --seed and --max-tokens
+        **{k: (_panel(ann, P_DECODE), None) for k, (ann, _) in o.DECODE_OPTIONS.items()
+           if k not in ("mode", "seed", "max_tokens")},
         ctx=(_panel(o.CtxOpt, P_LLAMA), 4096), threads=(_panel(o.ThreadsOpt, P_LLAMA), None),
         n_gpu_layers=(_panel(o.NglOpt, P_LLAMA), -1), n_gpu_layers_draft=(_panel(o.NglDraftOpt, P_LLAMA), None),
         flash_attn=(_panel(o.FlashOpt, P_LLAMA), False), main_gpu=(_panel(o.MainGpuOpt, P_LLAMA), 0),

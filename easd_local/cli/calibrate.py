@@ -115,8 +115,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             "--question-key", help="JSON field holding the question (JSONL files; default 'question').")] = None,
         limit: Annotated[int, typer.Option("--limit", help="Number of questions (the first N).")] = cal.DEFAULT_LIMIT,
         max_tokens: Annotated[int, typer.Option("--max-tokens", help="Tokens generated per question.")] = cal.DEFAULT_MAX_TOKENS,
-        top_n: o.TopNOpt = None,
-        overlap: o.OverlapOpt = None,
+        top_n: o.GEN.top_n = None,
+        overlap: o.GEN.overlap = None,
         percentile: Annotated[Optional[float], typer.Option(
             "--percentile", help="Write tau_draft/tau_target at this percentile (0-100) into the pair's profile (default: none, nothing written).")] = None,
         png: Annotated[Optional[Path], typer.Option("--png", help="Also save the histograms as a PNG (needs matplotlib; default: none).")] = None,

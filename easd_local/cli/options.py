@@ -14,7 +14,7 @@ from typing import Annotated, Optional, Sequence
 
 import typer
 
-from ..engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, MODES, DecodeConfig, LOSSLESS_HELP
+from ..engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, FIELD_TYPES, MODES, DecodeConfig, LOSSLESS_HELP
 from ..errors import ConfigError
 from ..engine.rpc import parse_endpoints, parse_tensor_split
 from ..engine.runtime import LoadOptions
@@ -103,19 +103,6 @@ class DecodeOpts:
 
 # generate's and calibrate's defaults (chat has its own: easd_local.chat.CHAT_DEFAULTS)
 GEN = DecodeOpts(DecodeConfig(), mode_default="auto: easd-tf on a CPU build, easd with GPU offload")
-ModeOpt = GEN.mode
-MaxTokOpt = GEN.max_tokens
-TempOpt = GEN.temperature
-TopKOpt = GEN.top_k
-TopPOpt = GEN.top_p
-SeedOpt = GEN.seed
-GammaOpt = GEN.gamma
-PMinOpt = GEN.draft_p_min
-TopNOpt = GEN.top_n
-OverlapOpt = GEN.overlap
-TauDOpt = GEN.tau_draft
-TauTOpt = GEN.tau_target
-PenaltyOpt = GEN.penalty
 
 
 def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: bool, main_gpu: int, verbose: bool,
@@ -161,15 +148,16 @@ def parallel_options(parallel: int | None, topts: LoadOptions, dopts: LoadOption
 # name: (annotated type, default). A command takes a group with ``with_options`` and reads
 # it from its ``**kw``; one definition for every command that has these flags.
 MODEL_OPTIONS = dict(draft=(DraftOpt, None), target=(TargetOpt, None), pair=(PairOpt, None), yes=(YesOpt, False))
-DECODE_OPTIONS = dict(
-    mode=(ModeOpt, None), max_tokens=(MaxTokOpt, None), temperature=(TempOpt, None), top_k=(TopKOpt, None),
-    top_p=(TopPOpt, None), seed=(SeedOpt, None), gamma=(GammaOpt, None), draft_p_min=(PMinOpt, None),
-    top_n=(TopNOpt, None), overlap=(OverlapOpt, None), tau_draft=(TauDOpt, None), tau_target=(TauTOpt, None),
-    penalty=(PenaltyOpt, None),
-)
+# every DecodeConfig field is a flag, in the dataclass's order (--help's); DecodeOpts words them
+DECODE_FLAGS = tuple(FIELD_TYPES)
+
+
 def decode_group(opts: "DecodeOpts") -> dict:
     """The decoding option group with ``opts``' help (chat shows its own defaults)."""
-    return {name: (getattr(opts, name), None) for name in DECODE_OPTIONS}
+    return {name: (getattr(opts, name), None) for name in DECODE_FLAGS}
+
+
+DECODE_OPTIONS = decode_group(GEN)
 
 
 LLAMA_OPTIONS = dict(
@@ -203,9 +191,6 @@ def with_options(before: Sequence[dict] = (), after: Sequence[dict] = ()):
 def llama_options(kw: dict) -> tuple[LoadOptions, LoadOptions]:
     """(target options, draft options) from the LLAMA_OPTIONS values of ``kw``, validated."""
     return load_options(**{k: kw[k] for k in LLAMA_OPTIONS})
-
-
-DECODE_FLAGS = tuple(DECODE_OPTIONS)
 
 
 def decode_flags(params: dict) -> dict:
