@@ -16,14 +16,10 @@ from rich.text import Text
 from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter
 from ..chat.commands import synopsis
 from ..engine.config import DecodeConfig, not_lossless
-from ..engine.modes import auto_mode
 from ..errors import EasdError
 from ..engine.pair import open_models
-from ..engine.devices import gpu_offload_supported
-from ..store.resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
-from .pull_ui import DownloadUI
 from .progress import spinner, until_first
 from .render import LEGEND, ORIGIN_STYLE, placement_line, status_line
 
@@ -221,17 +217,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         show_origin: Annotated[bool, typer.Option("--show-origin", help="Colour each token by where it came from.")] = False,
         **kw,
     ) -> None:
-        draft, target, pair, yes, mode = (kw[k] for k in ("draft", "target", "pair", "yes", "mode"))
         flags = o.decode_flags(kw)
-        # every value is checked before any model loads
-        CHAT_DEFAULTS.replace(**{k: v for k, v in flags.items() if v is not None})
+        o.decode_config(CHAT_DEFAULTS, **flags)  # every value is checked before any model loads
         topts, dopts = o.llama_options(kw)
-        with DownloadUI(yes) as dl:
-            spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
-        why = ""
-        if mode is None:
-            flags["mode"], why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None)
-        cfg, source = resolve_config(CHAT_DEFAULTS, spec, flags)
+        spec, cfg, source, why = o.pair_and_config(kw, flags, CHAT_DEFAULTS)
         # load every model that was given, so that /mode can switch between them
         with spinner(f"loading {spec.label}"):
             models = open_models(spec.draft, spec.target, topts, dopts)

@@ -11,17 +11,13 @@ import typer
 from rich.text import Text
 
 from ..store import provenance
-from ..engine.modes import auto_mode
 from ..engine.config import DecodeConfig, not_lossless
-from ..engine.devices import gpu_offload_supported
 from ..errors import ChatTemplateError, ConfigError
 from ..engine.decoding import Finished, generate as decode_stream
 from ..engine.near_ties import gate_margin
 from ..engine.pair import open_models
-from ..store.resolve import resolve_config, resolve_pair
 from . import options as o
 from .common import console, err_console, friendly
-from .pull_ui import DownloadUI
 from ..fsutil import write_jsonl_atomic
 from ..engine.text import check_text, decode_input
 from .progress import spinner, until_first
@@ -50,22 +46,15 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
 
         generate is greedy (temperature 0, up to 512 tokens) so that a run repeats exactly; chat samples (temperature 0.7) as chat UIs do.
         """
-        draft, target, pair, yes, mode = (kw[k] for k in ("draft", "target", "pair", "yes", "mode"))
         flags = o.decode_flags(kw)
-        # every value is checked before any model loads
-        DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
+        o.decode_config(DecodeConfig(), **flags)  # every value is checked before any model loads
         topts, dopts = o.llama_options(kw)
         if prompt == "-":
             prompt = decode_input(sys.stdin.buffer.read(), "the prompt read from standard input")
         check_text(prompt, "the prompt")
         if system is not None:
             check_text(system, "the system message")
-        with DownloadUI(yes) as dl:
-            spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
-        if mode is None:
-            # one rule for a mode not given, shared with chat
-            flags["mode"], _why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None)
-        cfg, source = resolve_config(DecodeConfig(), spec, flags)
+        spec, cfg, source, _why = o.pair_and_config(kw, flags, DecodeConfig())
         info = cfg.mode_info
         with spinner(f"loading {spec.label}"):
             models = open_models(

@@ -16,8 +16,11 @@ import typer
 
 from ..engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, FIELD_TYPES, MODES, DecodeConfig, LOSSLESS_HELP
 from ..errors import ConfigError
+from ..engine.modes import auto_mode
 from ..engine.rpc import parse_endpoints, parse_tensor_split
+from ..engine.devices import gpu_offload_supported
 from ..engine.runtime import LoadOptions
+from ..store.resolve import PairFiles, resolve_config, resolve_pair
 
 
 def with_default(help: str, shown) -> str:
@@ -135,7 +138,6 @@ def parallel_options(parallel: int | None, topts: LoadOptions, dopts: LoadOption
     from dataclasses import replace
 
     from ..bench.runner import default_parallel
-    from ..engine.devices import gpu_offload_supported
 
     if parallel is None:
         parallel = default_parallel(gpu_offload_supported() and topts.n_gpu_layers != 0)
@@ -202,3 +204,21 @@ def decode_config(base: DecodeConfig, **flags) -> DecodeConfig:
     """Apply the flags that were given (not None) on top of ``base`` and validate."""
     changes = {k: v for k, v in flags.items() if v is not None}
     return base.replace(**changes)
+
+
+def pair_and_config(kw: dict, flags: dict, base: DecodeConfig) -> tuple[PairFiles, DecodeConfig, str, str]:
+    """The pair that ``kw``'s MODEL_OPTIONS name (downloaded as --yes says) and the decoding
+    settings for it: ``flags`` > the pair's profile > ``base``, with ``auto_mode``'s pick
+    when --mode is not given (one rule for every command). Returns (pair, settings, where
+    the thresholds came from, why this mode: "" when --mode chose it)."""
+    from .pull_ui import DownloadUI
+
+    mode = kw["mode"]
+    with DownloadUI(kw["yes"]) as dl:
+        spec = resolve_pair(kw["pair"], kw["draft"], kw["target"], mode=mode or "easd", confirm=dl.confirm,
+                            progress=dl.progress)
+    why = ""
+    if mode is None:
+        mode, why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None)
+    cfg, source = resolve_config(base, spec, {**flags, "mode": mode})
+    return spec, cfg, source, why
