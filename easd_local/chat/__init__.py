@@ -6,7 +6,6 @@
 - ``transcript``: what a chat leaves on disk: the JSONL transcript and ``/save``'s files.
 """
 
-from ..engine.modes import auto_mode  # noqa: F401  (cli/serve.py still imports it from here)
 from .commands import COMMANDS, CommandResult
 from .session import CHAT_DEFAULTS, ChatEvent, ChatSession, Message, Notice, Reply, SessionTotals
 from .transcript import TranscriptWriter

@@ -10,15 +10,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..store import provenance
-from ..chat import auto_mode
 from ..engine.config import DecodeConfig
 from ..errors import ConfigError, EasdError
 from ..engine.pair import open_models
-from ..store.resolve import resolve_config, resolve_pair
-from ..engine.devices import gpu_offload_supported
 from . import options as o
 from .common import err_console, friendly
-from .pull_ui import DownloadUI
 from .render import placement_line
 
 
@@ -70,10 +66,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         overlap, penalty, top_k). Every response carries the request's decoding statistics in
         "timings". EASD (modes easd, easd-tf with the gate on) is not lossless.
         """
-        draft, target, pair, yes, mode = (kw[k] for k in ("draft", "target", "pair", "yes", "mode"))
         flags = o.decode_flags(kw)
-        # every value is checked before any model loads
-        DecodeConfig().replace(**{k: v for k, v in flags.items() if v is not None})
+        o.decode_config(DecodeConfig(), **flags)  # every value is checked before any model loads
         topts, dopts = o.llama_options(kw)
         if not 1 <= parallel <= 256:  # 256: llama.cpp's LLAMA_MAX_SEQ
             raise ConfigError(f"--parallel must be between 1 and 256, got {parallel}")
@@ -90,12 +84,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         log_level = log_level.lower()
         if log_level not in ("critical", "error", "warning", "info", "debug"):
             raise ConfigError(f"--log-level must be critical, error, warning, info or debug, got {log_level!r}")
-        with DownloadUI(yes) as dl:
-            spec = resolve_pair(pair, draft, target, mode=mode or "easd", confirm=dl.confirm, progress=dl.progress)
-        why = ""
-        if mode is None:
-            flags["mode"], why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None)
-        cfg, source = resolve_config(DecodeConfig(), spec, flags)
+        spec, cfg, source, why = o.pair_and_config(kw, flags, DecodeConfig())
         sock = listen_socket(host, port)
         _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host)
 
