@@ -180,7 +180,7 @@ def test_pull_hf_downloads_verifies_and_registers(home, hub, tiny_models):
     assert f"Hugging Face {REPO}/tiny-target-Q8_0.gguf" in r.stderr and str(home / "models") in r.stderr
     path = home / "models" / "tiny-target-Q8_0.gguf"
     assert path.read_bytes() == tiny_models["target"].read_bytes()
-    assert sorted(p.name for p in path.parent.iterdir()) == ["tiny-target-Q8_0.gguf", "tiny-target-Q8_0.gguf.verified"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["tiny-target-Q8_0.gguf"]
     assert "tiny-target-q8_0" in r.stdout and "verified" in r.stdout
     rec = read_user_catalog()["models"]["tiny-target-q8_0"]  # the home fixture set EASD_LOCAL_HOME
     assert rec["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

@@ -10,6 +10,7 @@ import base64
 import dataclasses
 import hashlib
 import http.server
+import json
 import os
 import random
 import socket
@@ -200,10 +201,12 @@ def test_already_present_is_a_noop(home, mirror, monkeypatch):
     assert time.monotonic() - t0 < 1
     assert path.stat().st_mtime_ns == mtime
 
-    # present and right, but the stamp is gone: re-hashed, not re-downloaded
-    (path.parent / (path.name + ".verified")).unlink()
-    assert P.pull_model(mirror.small) == path
-    assert (path.parent / (path.name + ".verified")).exists()
+    # present and right, but its hash is no longer cached: re-hashed, not re-downloaded
+    filehash.cache_path().unlink()
+    found = []
+    assert P.pull_model(mirror.small, on_found=found.append) == path
+    assert [f.state for f in found] == ["verified"]
+    assert filehash.lookup(path) == mirror.small.sha256
 
 
 def test_corrupt_present_file_is_replaced(home, mirror):
@@ -400,8 +403,11 @@ def test_ensure_pair_small_download_does_not_ask(home, mirror):
 def test_verified_files_hash_is_cached_without_rereading(home, mirror, monkeypatch):
     path = P.pull_model(mirror.small)
     assert filehash.lookup(path) == mirror.small.sha256  # recorded by the verified pull
-    # a file pulled before the hash cache existed (stamp only): ensure_pair records it from the stamp
+    # a file pulled before the hash cache existed (its <file>.verified stamp only): ensure_pair
+    # records it from the stamp
     filehash.cache_path().unlink()
+    (path.parent / (path.name + ".verified")).write_text(json.dumps(
+        {"sha256": mirror.small.sha256, "size": mirror.small.size, "mtime_ns": path.stat().st_mtime_ns}))
 
     def no_hashing(*a, **k):
         raise AssertionError("re-read a verified file to hash it")
@@ -482,16 +488,14 @@ def test_cli_pull_failure_exits_2(cli, mirror, monkeypatch):
 def test_cli_pull_ctrl_c_exits_130_without_half_file(cli, mirror, monkeypatch):
     real = P.pull_model
 
-    def interrupted(entry, progress=None, sources=None):
+    def interrupted(entry, progress=None, sources=None, **kw):
         def bomb(done, total, message):
             if done > 0:
                 raise KeyboardInterrupt
 
-        return real(entry, progress=bomb, sources=sources)
+        return real(entry, progress=bomb, sources=sources, **kw)
 
-    import easd_local.cli.catalog_cmds as C
-
-    monkeypatch.setattr(C, "pull_model", interrupted)
+    monkeypatch.setattr(P, "pull_model", interrupted)
     r = cli("pull", mirror.big.name)
     assert r.exit_code == 130
     assert not local_path(mirror.big).exists() and leftovers(mirror.big) == []

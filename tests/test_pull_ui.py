@@ -54,3 +54,18 @@ def test_bars_one_per_file_and_an_overall_total(tmp_path, monkeypatch):
         ui.progress(0, 300, "a: pip download part 3/6")
         assert {t.description: t for t in ui._bar.tasks}["a"].fields["stage"] == "part 3/6 (fetching)"
     assert ui._bar is None  # closed with the block
+
+
+def test_waiting_for_another_pull_is_one_line_not_a_bar(tmp_path, monkeypatch):
+    from easd_local.cli import pull_ui
+
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path))
+    printed = []
+    monkeypatch.setattr(pull_ui.err_console, "print", lambda *a, **kw: printed.extend(str(x) for x in a[:1]))
+    with DownloadUI(yes=True) as ui:
+        for _ in range(3):  # said once, however often the pull reports it
+            ui.progress(0, 300, "a: waiting for another pull of it (pid 4242)")
+        assert ui._bar is None
+        ui.progress(100, 300, "a: part 1/6")
+        assert [t.description for t in ui._bar.tasks] == ["a"]
+    assert [p for p in printed if p] == ["a: waiting for another pull of it (pid 4242)"]  # (the bar prints "" on stop)

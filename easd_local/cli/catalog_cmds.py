@@ -10,10 +10,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..store import filehash
 from ..store.catalog import add_user_model, is_present, load_catalog, local_path, register_user_model
 from ..errors import ConfigError, PullError
 from ..store.hub import hub_entry, is_hub_ref, parse_hub_ref
-from ..store.pull import ensure_models, missing_models, pull_model
+from ..store.pull import CacheCheck, check_cached, corrupt_message, ensure_models
 from ..units import SIZE_UNITS_NOTE, human_size
 from .common import console, err_console, friendly
 from .pull_ui import DownloadUI, download_bar
@@ -28,15 +29,44 @@ def _pull_hub(ref_text: str, name: str | None, yes: bool) -> None:
     old = cat.models.get(entry.name)
     if old is not None and (old.sha256 != entry.sha256 or not old.user):
         raise ConfigError(f"a different model is already named {entry.name!r}; choose a name with --name")
-    with DownloadUI(yes) as dl:
-        (path,) = ensure_models([entry], dl.confirm, dl.progress, label=str(ref))
+    ((_, path, checked),) = _pull_entries([entry], yes, label=str(ref))
     record = {"file": entry.file, "size": entry.size, "sha256": entry.sha256, "role": None,
               "description": entry.description, "sources": [dict(s) for s in entry.sources]}
     register_user_model(entry.name, record)
-    console.print(Text(f"{ref} -> {entry.name}: {human_size(entry.size)}, sha256 {entry.sha256[:12]}… verified  "
-                       f"{path}"), soft_wrap=True)
+    console.print(Text(f"{ref} -> {entry.name}: {human_size(entry.size)}, {checked}  {path}"), soft_wrap=True)
     console.print(Text(f"use it with -m {entry.name} (target) or -md {entry.name} (draft); "
                        f"pair it with: easd-local models add-pair NAME --draft D --target T"), soft_wrap=True)
+
+
+def _what_was_checked(entry, findings: list[CacheCheck]) -> str:
+    """What pull can truthfully say about a file, from the checks ``ensure_models`` made:
+    the first, and (when it had to pull) the one made under the pull's lock."""
+    sha = f"sha256 {entry.sha256[:12]}…"
+    if len(findings) == 1:  # nothing was downloaded
+        if findings[0].state == "trusted":
+            return (f"already present, unchanged (size, mtime, inode) since its {sha} was verified, not re-read "
+                    "(`easd-local models verify` re-reads it)")
+        return f"already present, {sha} hashed now: verified"
+    if findings[-1].ok:  # another pull finished it while this one waited for the lock
+        return f"downloaded by another pull meanwhile, {sha} verified"
+    return f"downloaded, {sha} verified"
+
+
+def _pull_entries(entries, yes: bool, label: str):
+    """Pull ``entries`` (a corrupt cached file is named, then downloaded again); return
+    (entry, path, what was checked) for each."""
+    findings: dict[str, list[CacheCheck]] = {}
+
+    def on_found(e, found: CacheCheck) -> None:
+        if found.state == "corrupt" and not findings.get(e.name):  # said before it is replaced
+            err_console.print(Text(f"{corrupt_message(e, found, hint=False)}; downloading it again", style="yellow"),
+                              soft_wrap=True)
+        findings.setdefault(e.name, []).append(found)
+
+    with DownloadUI(yes) as dl:
+        paths_ = ensure_models(entries, dl.confirm, dl.progress, label=label, replace_corrupt=True,
+                               on_found=on_found)
+    return [(e, p, _what_was_checked(e, findings[e.name])) for e, p in zip(entries, paths_)]
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
@@ -65,15 +95,55 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         cat = load_catalog()
         _kind, entries = cat.resolve(name)
         entries = list({e.name: e for e in entries}.values())
-        with DownloadUI(yes) as dl:
-            missing = missing_models(entries)
-            if missing and not dl.confirm(missing):
-                raise PullError("download declined")
-            # present files are checked too (a stamp makes that a stat)
-            paths_ = [pull_model(e, progress=dl.progress) for e in entries]
-        for e, path in zip(entries, paths_):
-            console.print(Text(f"{e.name}: {human_size(e.size)}, sha256 {e.sha256[:12]}… verified  {path}"),
-                          soft_wrap=True)
+        for e, path, checked in _pull_entries(entries, yes, label=name or cat.default_pair_name):
+            console.print(Text(f"{e.name}: {human_size(e.size)}, {checked}  {path}"), soft_wrap=True)
+
+    @models_app.command("verify")
+    @friendly
+    def models_verify(
+        names: Annotated[Optional[list[str]], typer.Argument(
+            metavar="NAME|PATH", show_default=False,
+            help="Models or pairs from the catalog, or model files \\[default: every model that is downloaded]")] = None,
+    ) -> None:
+        """Read downloaded models in full and check their sha256 against the catalog.
+
+        It catches what the quick check before every command cannot: a file changed without a change to its size, mtime or inode (bit rot, a restored mtime). A corrupt file is then refused until `easd-local pull NAME` replaces it. Exit status 2 if one is corrupt.
+        """
+        entries, loose = _verify_targets(names)
+        bad = []
+        with download_bar(transient=True) as prog:
+            if not err_console.is_terminal:
+                prog.disable = True
+            for e in entries:
+                found = check_cached(e)
+                if found.state in ("missing", "wrong-size"):
+                    state = "not downloaded" if found.state == "missing" else "incomplete (wrong size)"
+                    if names:
+                        console.print(Text(f"{e.name}: {state}  {local_path(e)}"), soft_wrap=True)
+                    continue
+                task = prog.add_task(e.name, total=e.size, stage="hashing")
+                found = check_cached(e, lambda d, t, _m, task=task: prog.update(task, completed=d, total=t),
+                                     rehash=True)
+                prog.remove_task(task)
+                if found.ok:
+                    console.print(Text(f"{e.name}: sha256 {e.sha256[:12]}… verified (read in full)  {local_path(e)}"),
+                                  soft_wrap=True)
+                else:
+                    bad.append(e.name)
+                    console.print(Text(corrupt_message(e, found)), soft_wrap=True)
+            for path in loose:  # a file no catalog model lives in: its hash is all there is to say
+                task = prog.add_task(path.name, total=path.stat().st_size, stage="hashing")
+                sha = filehash.sha256_of(path, rehash=True,
+                                         progress=lambda d, t, task=task: prog.update(task, completed=d, total=t))
+                prog.remove_task(task)
+                console.print(Text(f"{path}: sha256 {sha}, not a catalog model's file (nothing to compare with)"),
+                              soft_wrap=True)
+        if bad:
+            n = len(bad)
+            raise PullError(f"{n} corrupt model{'s' if n != 1 else ''} ({', '.join(bad)}): "
+                            f"`easd-local pull NAME` downloads {'them' if n != 1 else 'it'} again")
+        if not entries and not loose:
+            console.print("no model is downloaded yet (`easd-local pull` fetches the default pair)")
 
     @models_app.command("list")
     @friendly
@@ -136,6 +206,33 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         console.print(Text(
             f"added {entry.name}: {human_size(entry.size)}, sha256 {entry.sha256[:12]}…, "
             f"role {entry.role or '-'}  {entry.path}"), soft_wrap=True)
+
+
+def _verify_targets(names: list[str] | None):
+    """What `models verify` checks: catalog entries (named, in pairs, or whose file a PATH
+    is) and files that are no catalog model's."""
+    from pathlib import Path
+
+    cat = load_catalog()
+    if not names:
+        return [e for e in cat.models.values() if local_path(e).exists()], []
+    by_path = {local_path(e).resolve(): e for e in cat.models.values()}
+    entries: dict[str, object] = {}
+    loose: list[Path] = []
+    for ref in names:
+        p = Path(ref).expanduser()
+        if ref not in cat.models and ref not in cat.pairs and p.is_file():
+            e = by_path.get(p.resolve())
+            if e is None:
+                loose.append(p)
+            else:
+                entries[e.name] = e
+            continue
+        if ref not in cat.models and ref not in cat.pairs and ("/" in ref or ref.endswith(".gguf")):
+            raise ConfigError(f"no such file: {ref}")
+        for e in cat.resolve(ref)[1]:
+            entries[e.name] = e
+    return list(entries.values()), loose
 
 
 def add_model_with_bar(name: str, path: str, role: str | None = None):

