@@ -31,6 +31,7 @@ import numpy as np
 
 from .store import profiles
 from .engine import rules
+from .engine.decoding import fits_context
 from .engine.runtime import Part
 from .errors import ConfigError
 from .fsutil import write_jsonl_atomic
@@ -58,6 +59,7 @@ class Trace:
     agree: list[bool] = field(default_factory=list)
     question: list[int] = field(default_factory=list)
     n_questions: int = 0
+    skipped: list[tuple[int, int]] = field(default_factory=list)  # (question, prompt tokens): longer than the context
     prompt_tokens: int = 0
     seconds: float = 0.0
     seconds_target: float = 0.0
@@ -255,7 +257,8 @@ def collect(
     """Greedy target-only decoding of each prompt (token ids), recording both models'
     entropies and the top-N overlap at every generated position. ``parallel`` questions
     decode together (one target batch per step, sequences 0..parallel-1; the models must
-    hold that many). ``progress(done, total, positions)`` is called after each question."""
+    hold that many). A prompt longer than the context is skipped and listed in
+    ``Trace.skipped``. ``progress(done, total, positions)`` is called after each question."""
     if max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
     if chunk < 1:
@@ -271,11 +274,15 @@ def collect(
     ctx = min(target.n_ctx, draft.n_ctx)
     t0 = time.perf_counter()
     prompts = [list(p) for p in prompts]
+    qids = []  # the questions that fit; one longer than the context is skipped, as bench skips it
     for qi, prompt in enumerate(prompts):
         if not prompt:
             raise ConfigError(f"question {qi} rendered to an empty prompt")
-        if len(prompt) + 1 > ctx:
-            raise ConfigError(f"question {qi} is {len(prompt)} tokens; the context holds {ctx} (raise --ctx)")
+        if fits_context(len(prompt), ctx):
+            qids.append(qi)
+        else:
+            trace.skipped.append((qi, len(prompt)))
+    prompts = [prompts[qi] for qi in qids]
     for g0 in range(0, len(prompts), parallel):
         group = prompts[g0 : g0 + parallel]
         for prompt in group:
@@ -328,7 +335,7 @@ def collect(
                 agree[k].extend((np.argmax(zd, axis=-1) == np.asarray(toks[k][c0 : c0 + len(seg)])).tolist())
         trace.seconds_draft += time.perf_counter() - ts
         for k in range(len(group)):
-            trace.extend(g0 + k, h_d[k], h_t[k], ov[k], agree[k])
+            trace.extend(qids[g0 + k], h_d[k], h_t[k], ov[k], agree[k])
             trace.n_questions += 1
             if progress is not None:
                 progress(g0 + k + 1, len(prompts), trace.positions)

@@ -223,3 +223,41 @@ def test_report_tells_a_torn_line_from_a_corrupt_one(tiny_draft, tiny_target, tm
     assert r.exit_code == 0 and "cut off mid-write" in r.stderr
     r = runner.invoke(app, [*args, "--resume"])
     assert r.exit_code == 0 and "removed a torn last line" in r.stderr
+
+
+def _calibrate(tiny_draft, tiny_target, data, *extra):
+    return runner.invoke(app, ["calibrate", "--dataset", str(data), "--draft", str(tiny_draft), "--target",
+                               str(tiny_target), "--ctx", "64", "--max-tokens", "4", "--threads", "1", *extra])
+
+
+def test_calibrate_skips_a_question_longer_than_the_context(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    data = tmp_path / "q.jsonl"
+    questions = ["What is 1 + 1?", "What is " + "one plus " * 110 + "one?", "What is 2 + 2?"]
+    data.write_text("".join(json.dumps({"question": q}) + "\n" for q in questions), encoding="utf-8")
+    trace = tmp_path / "trace.jsonl"
+    r = _calibrate(tiny_draft, tiny_target, data, "--json", "--trace", str(trace))
+    assert r.exit_code == 0, r.output  # it stopped the whole run before
+    assert json.loads(r.stdout)["questions"] == 2
+    assert ("skipped 1 question longer than the 256-token context (llama.cpp rounds --ctx 64 up to 256): "
+            "question 2 (") in r.stderr
+    assert "(raise --ctx to include them)" in r.stderr
+    # the trace keeps each question's own index: the third is still the third
+    assert {json.loads(ln)["q"] for ln in trace.read_text().splitlines()} == {0, 2}
+
+    data.write_text(json.dumps({"question": questions[1]}) + "\n", encoding="utf-8")
+    r = _calibrate(tiny_draft, tiny_target, data)
+    assert r.exit_code == 2, r.output
+    _one_clean_line(r.stderr)
+    assert "no positions were generated (every question was longer than the context)" in r.stderr
+
+
+def test_chat_banner_says_the_context_was_rounded_up(tiny_target, tmp_path, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    args = ["chat", "--target", str(tiny_target), "--mode", "target", "--threads", "1"]
+    r = runner.invoke(app, [*args, "--ctx", "64"], input="")
+    assert r.exit_code == 0, r.output
+    assert "context 256 tokens (llama.cpp rounds --ctx 64 up to 256)" in r.stderr
+    r = runner.invoke(app, [*args, "--ctx", "512"], input="")
+    assert r.exit_code == 0, r.output
+    assert "context 512 tokens ·" in r.stderr and "rounds" not in r.stderr

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .. import calibrate as cal
 from ..engine.config import DecodeConfig
@@ -169,8 +170,16 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
 
                 tr = cal.collect(models.draft, models.target, prompts, max_tokens=max_tokens, top_n=top_n_,
                                  n_vocab=models.n_vocab, parallel=parallel, progress=on_progress)
+        if tr.skipped:
+            n_ctx = min(models.target.n_ctx, models.draft.n_ctx)
+            n = len(tr.skipped)
+            shown = ", ".join(f"question {q + 1} ({t} tokens)" for q, t in tr.skipped[:3]) + (", ..." if n > 3 else "")
+            err_console.print(Text(f"skipped {n} question{'s' if n != 1 else ''} longer than the {n_ctx}-token context"
+                                   f"{o.ctx_note(kw['ctx'], n_ctx)}: {shown} (raise --ctx to include them)",
+                                   style="yellow"), soft_wrap=True)
         if tr.positions == 0:
-            raise ConfigError("no positions were generated (every question ended at once); nothing to calibrate")
+            why = "every question was longer than the context" if tr.skipped and not tr.n_questions else "every question ended at once"
+            raise ConfigError(f"no positions were generated ({why}); nothing to calibrate")
         s = cal.summary(tr, tau_o)
         s.update(pair=spec.label, dataset=name, max_tokens=max_tokens,
                  seconds_target=tr.seconds_target, seconds_draft=tr.seconds_draft)

@@ -183,9 +183,11 @@ def _sampling(cfg: DecodeConfig) -> str:
     return f"temperature {cfg.temperature:g}, top-k {cfg.top_k}, top-p {cfg.top_p:g}"
 
 
-def banner(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str) -> list[tuple[str, str]]:
-    """The lines chat starts with, and their styles."""
-    lines = [(f"easd-local chat · {label} · mode {mode}{f' (auto: {why})' if why else ''} · context {n_ctx} tokens · "
+def banner(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str,
+           asked_ctx: int | None = None) -> list[tuple[str, str]]:
+    """The lines chat starts with, and their styles (``asked_ctx``: --ctx, when llama.cpp may have rounded it)."""
+    lines = [(f"easd-local chat · {label} · mode {mode}{f' (auto: {why})' if why else ''} · "
+              f"context {n_ctx} tokens{o.ctx_note(asked_ctx, n_ctx)} · "
               "/help for commands, Ctrl-D to leave", "dim")]
     sampling = "greedy" if cfg.greedy else f"sampling: {_sampling(cfg)}"
     lines.append((f"{sampling}, up to {cfg.max_tokens} tokens a reply · {placement}", "dim"))
@@ -231,7 +233,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 thresholds_source=source, transcript=transcript, label=spec.label,
             )
             try:
-                for line, style in banner(spec.label, cfg.mode, why, session.n_ctx, cfg, placement_line(models)):
+                for line, style in banner(spec.label, cfg.mode, why, session.n_ctx, cfg, placement_line(models),
+                                          asked_ctx=kw["ctx"]):
                     _note(line, style)
                 if show_origin and sys.stdout.isatty():
                     err_console.print(LEGEND)

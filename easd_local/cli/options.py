@@ -126,6 +126,12 @@ def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: b
     return t, d
 
 
+def ctx_note(asked: int | None, got: int) -> str:
+    """" (llama.cpp rounds --ctx 64 up to 256)" when the context is not the size asked for,
+    else "": a user who asked for 64 should not wonder where 256 came from."""
+    return f" (llama.cpp rounds --ctx {asked} up to {got})" if asked and got != asked else ""
+
+
 ParallelOpt = Annotated[Optional[int], typer.Option(
     "--parallel", metavar="N",
     help="Decode N problems together, one llama.cpp batch per step (bench: N problems of a method; "
