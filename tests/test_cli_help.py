@@ -13,7 +13,7 @@ from easd_local.cli import app
 
 runner = CliRunner()
 COMMANDS = [("generate",), ("chat",), ("serve",), ("bench",), ("calibrate",), ("pull",), ("models", "add-pair"),
-            ("models", "inspect"), ("models", "check")]
+            ("models", "inspect"), ("models", "check"), ("models", "verify")]
 
 
 def _flat(text: str) -> str:

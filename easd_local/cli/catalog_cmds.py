@@ -116,10 +116,13 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 prog.disable = True
             for e in entries:
                 found = check_cached(e)
-                if found.state in ("missing", "wrong-size"):
-                    state = "not downloaded" if found.state == "missing" else "incomplete (wrong size)"
+                if found.state == "missing":
                     if names:
-                        console.print(Text(f"{e.name}: {state}  {local_path(e)}"), soft_wrap=True)
+                        console.print(Text(f"{e.name}: not downloaded  {local_path(e)}"), soft_wrap=True)
+                    continue
+                if found.state == "wrong-size":  # nothing to hash: it cannot be right
+                    bad.append(e.name)
+                    console.print(Text(corrupt_message(e, found)), soft_wrap=True)
                     continue
                 task = prog.add_task(e.name, total=e.size, stage="hashing")
                 found = check_cached(e, lambda d, t, _m, task=task: prog.update(task, completed=d, total=t),
@@ -132,9 +135,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                     bad.append(e.name)
                     console.print(Text(corrupt_message(e, found)), soft_wrap=True)
             for path in loose:  # a file no catalog model lives in: its hash is all there is to say
-                task = prog.add_task(path.name, total=path.stat().st_size, stage="hashing")
-                sha = filehash.sha256_of(path, rehash=True,
-                                         progress=lambda d, t, task=task: prog.update(task, completed=d, total=t))
+                task = prog.add_task(path.name, total=None, stage="hashing")
+                try:
+                    sha = filehash.sha256_of(path, rehash=True,
+                                             progress=lambda d, t, task=task: prog.update(task, completed=d, total=t))
+                except OSError as e:
+                    raise PullError(f"cannot read {path}: {e.strerror or e}") from None
                 prog.remove_task(task)
                 console.print(Text(f"{path}: sha256 {sha}, not a catalog model's file (nothing to compare with)"),
                               soft_wrap=True)

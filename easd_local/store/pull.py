@@ -301,8 +301,11 @@ def corrupt_message(entry: ModelEntry, found: CacheCheck, *, hint: bool = True) 
     """One line: which file is not what the catalog says (and, with ``hint``, how to put it right)."""
     if entry.path is not None:
         return _user_file_problem(entry, found)
-    got, want = (found.sha256 or "?")[:12], entry.sha256[:12]
-    return (f"{entry.name}: the cached file {local_path(entry)} is corrupt (sha256 {got}…, the catalog's {want}…)"
+    if found.state == "wrong-size":
+        what = f"is incomplete or changed (not the catalog's {entry.size:,} bytes)"
+    else:
+        what = f"is corrupt (sha256 {(found.sha256 or '?')[:12]}…, the catalog's {entry.sha256[:12]}…)"
+    return (f"{entry.name}: the cached file {local_path(entry)} {what}"
             + (f"; `easd-local pull {entry.name}` downloads it again" if hint else ""))
 
 
