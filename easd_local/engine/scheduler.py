@@ -213,10 +213,15 @@ class _TargetStep(_Stepper):
 
     def on_target(self, s, z):
         s.stats.target_calls += 1
-        tok = s.sample_from(z[0])
-        ev = s.emit(tok, TARGET)
-        s.after_single(tok)
-        return [ev]
+        return _sample_one(s, z, TARGET)
+
+
+def _sample_one(s: _Seq, z: np.ndarray, origin: str) -> list[TokenEvent]:
+    """Plain decoding's step: sample the one row, emit it as ``origin``, advance."""
+    tok = s.sample_from(z[0])
+    ev = s.emit(tok, origin)
+    s.after_single(tok)
+    return [ev]
 
 
 class _DraftStep(_Stepper):
@@ -233,10 +238,7 @@ class _DraftStep(_Stepper):
 
     def on_draft(self, s, z):
         s.stats.draft_calls += 1
-        tok = s.sample_from(z[0])
-        ev = s.emit(tok, DRAFT_ONLY)
-        s.after_single(tok)
-        return [ev]
+        return _sample_one(s, z, DRAFT_ONLY)
 
 
 class _SpecStep(_Stepper):
