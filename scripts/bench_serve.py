@@ -20,9 +20,12 @@ llama.cpp that llama-cpp-python vendors (scripts/bench_speed.py's build, with th
 added; once, ~15 min on 2 cores), the same pair, the same slots (``-np P -c P*ctx -kvu``),
 greedy, the same client load: without ``-md`` against our ``target``, with ``-md`` (draft-simple,
 ``--spec-draft-n-max gamma``, ``--spec-draft-n-min 0``, ``--draft-p-min 0``: our sd's drafting)
-against our ``sd``. llama-server keeps its defaults otherwise (prompt-prefix reuse on, as its
-users get it). A closing table prints ours / llama-server for every (parallel, mode, K).
-``--no-llama-server`` skips that half; ``--no-build`` skips it when llama-server is not built.
+against our ``sd``. llama-server's prompt cache is off (``--cache-ram 0``, ``cache_prompt``
+false in each request): every round sends the same questions, which it would otherwise serve
+from its cache (a first run did: 0.2 s to first token against our 1.9 s), while easd-local
+evaluates every prompt. A closing table prints ours / llama-server for every (parallel, mode,
+K). ``--no-llama-server`` skips that half, ``--no-ours`` the other; ``--no-build`` skips
+llama-server when it is not built.
 
 Usage::
 
@@ -114,7 +117,7 @@ def free_port() -> int:
 def llama_server(exe: Path, draft: Path, target: Path, parallel: int, with_draft: bool, a, log_path: Path) -> Server:
     port = free_port()
     cmd = [str(exe), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel),
-           "-c", str(a.ctx * parallel), "-kvu", "--no-webui", "-fa", "off", "-ngl", "0"]
+           "-c", str(a.ctx * parallel), "-kvu", "--no-webui", "-fa", "off", "-ngl", "0", "--cache-ram", "0"]
     if a.threads:
         cmd += ["-t", str(a.threads), "-tb", str(a.threads)]
     if with_draft:
@@ -126,8 +129,10 @@ def llama_server(exe: Path, draft: Path, target: Path, parallel: int, with_draft
 
 
 def one_request(base: str, prompt: str, mode: str, max_tokens: int) -> dict:
+    # cache_prompt off: every (mode, K) round sends the same questions, and llama-server would
+    # otherwise serve their prompts from its cache (easd-local ignores the field)
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-            "mode": mode, "stream": True, "stream_options": {"include_usage": True}}
+            "mode": mode, "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
     t0 = time.perf_counter()
@@ -253,6 +258,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp"))
     ap.add_argument("--no-llama-server", action="store_true", help="run only easd-local serve")
+    ap.add_argument("--no-ours", action="store_true", help="run only llama-server (to redo its half)")
     ap.add_argument("--no-build", action="store_true", help="skip llama-server if it is not built")
     ap.add_argument("--llama-src", type=Path, help="llama.cpp source tree (default: the llama-cpp-python sdist's)")
     ap.add_argument("--build-dir", type=Path, help="build cache (default $EASD_LOCAL_HOME/llama.cpp-build/<version>)")
@@ -275,12 +281,13 @@ def main() -> None:
     print(f"{'system':>12} {'parallel':>8} {'mode':>8} {'K':>3} {'reqs':>4} {'agg tok/s':>10} {'TTFT p50':>9} "
           f"{'TTFT p95':>9} {'req tok/s p50':>13} {'load':>5}")
     for par in [int(x) for x in a.parallel.split(",")]:
-        server = ours(model_args, par, extra, a.log_dir / f"bench_serve_p{par}.log")
-        try:
-            for mode in a.modes.split(","):
-                rows += measure(server.base, "easd-local", par, mode, a)
-        finally:
-            server.stop()
+        if not a.no_ours:
+            server = ours(model_args, par, extra, a.log_dir / f"bench_serve_p{par}.log")
+            try:
+                for mode in a.modes.split(","):
+                    rows += measure(server.base, "easd-local", par, mode, a)
+            finally:
+                server.stop()
         if exe is None:
             continue
         for mode, with_draft in (("target", False), ("sd", True)):
