@@ -22,17 +22,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_speed import default_pair  # noqa: E402  (one lookup of the pulled default pair)
+
 from easd_local.engine.runtime import LoadOptions, Model, Part  # noqa: E402
-
-
-def default_target() -> Path | None:
-    try:
-        from easd_local.store.catalog import is_present, load_catalog, local_path
-
-        p = load_catalog().default_pair
-        return local_path(p.target) if is_present(p.target) else None
-    except Exception:
-        return None
 
 
 def main() -> int:
@@ -44,7 +37,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--ctx", type=int, default=4096, help="context per sequence")
     a = ap.parse_args()
-    target = a.target or default_target()
+    target = a.target or default_pair()[1]
     if target is None:
         ap.error("no --target given and the default pair is not pulled")
     rng = np.random.default_rng(0)

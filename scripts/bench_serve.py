@@ -259,10 +259,7 @@ def main() -> None:
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp"))
     ap.add_argument("--no-llama-server", action="store_true", help="run only easd-local serve")
     ap.add_argument("--no-ours", action="store_true", help="run only llama-server (to redo its half)")
-    ap.add_argument("--no-build", action="store_true", help="skip llama-server if it is not built")
-    ap.add_argument("--llama-src", type=Path, help="llama.cpp source tree (default: the llama-cpp-python sdist's)")
-    ap.add_argument("--build-dir", type=Path, help="build cache (default $EASD_LOCAL_HOME/llama.cpp-build/<version>)")
-    ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for the build")
+    bench_speed.add_build_options(ap, "skip llama-server if it is not built")
     a = ap.parse_args()
     # a SIGTERM (timeout, kill) ends through the finally blocks, so the server process is stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

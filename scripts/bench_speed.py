@@ -182,6 +182,14 @@ def build_tools(src: Path, build_dir: Path, jobs: int, tools: tuple[str, ...] = 
     return dt
 
 
+def add_build_options(ap, no_build_help: str) -> None:
+    """The options ``ensure_tools`` reads (--no-build, --llama-src, --build-dir, --jobs)."""
+    ap.add_argument("--no-build", action="store_true", help=no_build_help)
+    ap.add_argument("--llama-src", type=Path, help="llama.cpp source tree (default: the llama-cpp-python sdist's)")
+    ap.add_argument("--build-dir", type=Path, help="build cache (default $EASD_LOCAL_HOME/llama.cpp-build/<version>)")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for the build (default 2)")
+
+
 def ensure_tools(args, tools: tuple[str, ...] = TOOLS) -> dict[str, Path] | None:
     """Paths of the built tools, building them if needed (and allowed); None if the native
     half must be skipped. ``args`` needs build_dir, no_build, llama_src and jobs."""
@@ -449,11 +457,8 @@ def parse_args(argv=None):
                     help="comma-separated subset of target,sd,easd to run (default: all three)")
     ap.add_argument("--save", type=Path, help="also write the JSON object (runs + summary) to this file")
     ap.add_argument("--ours-only", action="store_true", help="run only easd-local (never builds or runs llama.cpp)")
-    ap.add_argument("--no-build", action="store_true", help="skip the llama.cpp half if its tools are not built")
+    add_build_options(ap, "skip the llama.cpp half if its tools are not built")
     ap.add_argument("--build-only", action="store_true", help="build llama.cpp's tools (if needed) and exit")
-    ap.add_argument("--llama-src", type=Path, help="llama.cpp source tree (default: the llama-cpp-python sdist's)")
-    ap.add_argument("--build-dir", type=Path, help="build cache (default $EASD_LOCAL_HOME/llama.cpp-build/<version>)")
-    ap.add_argument("--jobs", type=int, default=2, help="parallel compile jobs for the build (default 2)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds allowed per llama.cpp run")
     args = ap.parse_args(argv)
     for name in ("n_prompts", "max_tokens", "reps", "threads", "gamma", "jobs"):

@@ -32,11 +32,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    h = tmp_path / "home"
-    monkeypatch.setenv("EASD_LOCAL_HOME", str(h))
-    monkeypatch.delenv("EASD_LOCAL_CATALOG", raising=False)
-    return h
+def home(easd_home) -> Path:
+    return easd_home
 
 
 def cli(*args: str):
