@@ -14,8 +14,9 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ModelLoadError
+from ..errors import ChatTemplateError, ModelLoadError
 from .gguf_file import check_gguf_file
+from .template import compile_template
 
 MAX_GGUF_VERSION = 3
 # tokenizer.ggml.model -> llama.cpp's vocabulary type name
@@ -47,18 +48,13 @@ class GgufInfo:
 
 def template_error(template: object) -> str | None:
     """Why a GGUF chat template does not compile, in one line, or None (also when there is
-    none). Compiled by the formatter the runtime uses (llama-cpp-python's Jinja2ChatFormatter:
-    its sandbox and jinja2 extensions), so a template that passes here compiles there; no
-    model is loaded."""
+    none); no model is loaded."""
     if not isinstance(template, str):
         return None
     try:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        Jinja2ChatFormatter(template=template, eos_token="", bos_token="")
-    except Exception as e:  # jinja2's TemplateSyntaxError and kin, from a template we did not write
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return f"{type(e).__name__}: {first}" if first else type(e).__name__
+        compile_template(template)
+    except ChatTemplateError as e:
+        return str(e)
     return None
 
 

@@ -19,15 +19,10 @@ from typing import Sequence
 import llama_cpp as _ll
 
 from ..errors import ChatTemplateError, RuntimeFailure
+from .template import compile_template, exception_line
 from .text import check_text
 
 _TYPE_NAMES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
-
-
-def _one_line(e: Exception) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    line = getattr(e, "lineno", None)
-    return f"{type(e).__name__}: {text}" + (f" (template line {line})" if line else "")
 
 
 class Vocab:
@@ -112,8 +107,6 @@ class Vocab:
     def _formatter_for(self, add_generation_prompt: bool):
         """llama-cpp-python's Jinja2 formatter for the GGUF's template (compiled once);
         ChatTemplateError when there is none or it does not compile."""
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
         template = self.chat_template
         if not template:
             raise ChatTemplateError(f"{self.path.name} has no chat template in its GGUF metadata")
@@ -126,12 +119,12 @@ class Vocab:
         if key not in self._formatter:
             eos, bos = self._fmt_tokens
             try:
-                self._formatter[key] = Jinja2ChatFormatter(
-                    template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
+                self._formatter[key] = compile_template(
+                    template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
                 )
-            except Exception as e:  # jinja2's TemplateSyntaxError and kin, from a template we did not write
+            except ChatTemplateError as e:
                 raise ChatTemplateError(
-                    f"{self.path.name}: the chat template in its GGUF metadata is broken ({_one_line(e)})"
+                    f"{self.path.name}: the chat template in its GGUF metadata is broken ({e})"
                 ) from None
         return self._formatter[key]
 
@@ -150,7 +143,7 @@ class Vocab:
         try:
             return formatter(messages=messages).prompt
         except Exception as e:  # jinja errors from a template we did not write
-            raise ChatTemplateError(f"{self.path.name}: the chat template failed to render ({_one_line(e)})") from None
+            raise ChatTemplateError(f"{self.path.name}: the chat template failed to render ({exception_line(e)})") from None
 
     def chat_tokens(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
         """The rendered conversation as tokens, where only the template's own markers are
