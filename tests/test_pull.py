@@ -467,6 +467,36 @@ def test_cli_pull_default_pair(cli, mirror):
     assert "fake_small-model" in r.stdout and "yes" in r.stdout
 
 
+def test_cli_models_list_says_what_the_hash_stamp_knows(cli, mirror, monkeypatch):
+    """`models list` never reads a model to answer; it reports the file-hash stamp: a file
+    changed since its last hash is unverified (with the hint), a hashed bad one corrupt."""
+    from easd_local.cli import common
+
+    monkeypatch.setattr(common.console, "width", 300)
+    assert cli("pull", "--yes").exit_code == 0
+    small = local_path(mirror.small)
+
+    def row(name):
+        r = cli("models", "list")
+        assert r.exit_code == 0, r.output
+        return next(line for line in r.stdout.splitlines() if line.strip().startswith(name)), r.stdout
+
+    line, _ = row(mirror.small.name)
+    assert " yes " in line and "unverified" not in line
+    st = small.stat()
+    os.utime(small, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    line, out = row(mirror.small.name)
+    assert "unverified" in line and "models verify" in out
+    blob = bytearray(small.read_bytes())
+    blob[-1] ^= 0xFF
+    small.write_bytes(bytes(blob))
+    assert cli("models", "verify").exit_code != 0
+    line, out = row(mirror.small.name)
+    assert "corrupt" in line and "unverified" not in out
+    pairs = out[out.index("pairs"):]
+    assert " yes " not in next(l for l in pairs.splitlines() if mirror.small.name in l)
+
+
 def test_cli_pull_bad_name_is_one_line(cli):
     r = cli("pull", "no-such-model")
     assert r.exit_code == 2

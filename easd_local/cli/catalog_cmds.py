@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..store import filehash
-from ..store.catalog import add_user_model, is_present, load_catalog, local_path, register_user_model
+from ..store.catalog import add_user_model, load_catalog, local_path, register_user_model
 from ..errors import ConfigError, PullError
 from ..store.hub import hub_entry, is_hub_ref, parse_hub_ref
 from ..store.pull import CacheCheck, check_cached, corrupt_message, ensure_models
@@ -166,13 +166,23 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         t.add_column("size", justify="right", no_wrap=True)
         t.add_column("present", no_wrap=True)
         t.add_column("path", overflow="fold")
+        unverified = False
+
+        def _presence(m) -> str:
+            # the file-hash stamp answers without reading gigabytes; a listing never hashes
+            nonlocal unverified
+            state = check_cached(m, read=False).state
+            unverified |= state == "unverified"
+            return {"trusted": "yes", "missing": "no", "wrong-size": "no (wrong size)",
+                    "corrupt": "corrupt"}.get(state, state)
+
         for m in cat.models.values():
             t.add_row(
                 m.name + (" (user)" if m.user else ""),
                 m.role or "-",
                 m.file,
                 human_size(m.size),
-                "yes" if is_present(m) else "no",
+                _presence(m),
                 str(local_path(m)),
             )
         out.print(t)
@@ -184,7 +194,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         p.add_column("profile", no_wrap=True)
         p.add_column("check", overflow="fold")
         for pr in cat.pairs.values():
-            both = is_present(pr.draft) and is_present(pr.target)
+            both = _presence(pr.draft) == _presence(pr.target) == "yes"
             check = "-"
             if pr.check:
                 check = (f"compatible, {pr.check.get('shared_vocab', 0):,} shared tokens ({pr.check.get('checked', '?')})"
@@ -198,6 +208,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 check,
             )
         out.print(p)
+        if unverified:
+            out.print(Text("unverified: the right size, but changed since its sha256 was last checked; "
+                           "`easd-local models verify` hashes it"), soft_wrap=True)
 
     @models_app.command("add")
     @friendly

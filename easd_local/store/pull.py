@@ -242,7 +242,8 @@ def _fetch_path(entry: ModelEntry, src: Mapping[str, Any], sink: _Sink) -> None:
 class CacheCheck:
     """What was found at a model's place.
 
-    ``state``: ``missing``; ``wrong-size``; ``trusted`` (unchanged -- size, mtime, inode --
+    ``state``: ``missing``; ``wrong-size``; ``unverified`` (right size, not hashed since it
+    last changed: only from ``read=False``); ``trusted`` (unchanged -- size, mtime, inode --
     since its sha256 was found right, so not read again); ``verified`` (hashed just now:
     right); ``corrupt`` (right size, wrong sha256: found now, or by an earlier hash of the
     unchanged file)."""
@@ -266,9 +267,11 @@ def _legacy_stamp_ok(entry: ModelEntry, dest: Path, st: os.stat_result) -> bool:
             and stamp.get("sha256") == entry.sha256 and stamp.get("mtime_ns") == st.st_mtime_ns)
 
 
-def check_cached(entry: ModelEntry, progress: Progress | None = None, *, rehash: bool = False) -> CacheCheck:
+def check_cached(entry: ModelEntry, progress: Progress | None = None, *, rehash: bool = False,
+                 read: bool = True) -> CacheCheck:
     """Is the model's file there and right? Reads it only when it changed since its hash was
-    last taken (``filehash``'s stamp), or with ``rehash``. What a hash finds is cached, so a
+    last taken (``filehash``'s stamp), or with ``rehash``; never with ``read=False``, which
+    answers ``unverified`` instead (right size, changed or never hashed). What a hash finds is cached, so a
     corrupt file stays known as corrupt until it changes (``models verify`` finds rot that
     left the stamp alone, and later commands then refuse the file)."""
     dest = local_path(entry)
@@ -288,6 +291,8 @@ def check_cached(entry: ModelEntry, progress: Progress | None = None, *, rehash:
             known = entry.sha256
         if known is not None:
             return CacheCheck("trusted" if known == entry.sha256 else "corrupt", known)
+    if not read:
+        return CacheCheck("unverified")
     label = f"{entry.name}: verifying"
     try:
         sha = filehash.sha256_of(dest, rehash=True, progress=None if progress is None else
