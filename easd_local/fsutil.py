@@ -51,3 +51,30 @@ def describe_write_error(path: str | Path, exc: OSError) -> str:
     if exc.errno == errno.ENOSPC:
         return f"no space left on the device holding {path}"
     return f"{exc.filename or path}: {exc.strerror or exc}"
+
+
+def try_lock(fh) -> bool:
+    """Take an exclusive lock on an open file without waiting: False when another process
+    holds it. A flock: the kernel drops it when its holder dies, so a killed run never
+    leaves it held. Where there is no flock (not POSIX, or a filesystem without locks) every
+    caller gets it."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return True
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # a filesystem without locks (some NFS mounts): as if not POSIX
+        return True
+    return True
+
+
+def wait_lock(fh) -> None:
+    """Wait for the exclusive lock on an open file (see :func:`try_lock`)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    fcntl.flock(fh.fileno(), fcntl.LOCK_EX)

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..fsutil import try_lock
 from .schema import validate_row
 
 Key = tuple[str, str, str, str]  # (dataset, qid, method, pair)
@@ -75,13 +76,7 @@ class ResultsFile:
             self._fh = open(p, "a", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise ConfigError(f"cannot write {str(p)!r}: {exc.strerror or exc}") from None
-        try:  # one writer per file: a second run on the same --out would duplicate rows
-            import fcntl
-
-            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:  # pragma: no cover - not POSIX
-            pass
-        except OSError:
+        if not try_lock(self._fh):  # one writer per file: a second run on the same --out would duplicate rows
             self.close()
             raise ConfigError(f"{str(p)!r} is being written by another run") from None
         try:

@@ -47,6 +47,7 @@ from .. import paths
 from . import filehash
 from .catalog import ModelEntry, PairEntry, local_path
 from ..errors import PullError
+from ..fsutil import try_lock, wait_lock
 from ..units import human_size
 
 Progress = Callable[[int, int, str], None]
@@ -340,8 +341,6 @@ def _pull_lock(entry: ModelEntry, progress: Progress | None):
     """Hold the lock on this model's file for a whole pull (check, download, rename): a
     second pull of it says who holds it and waits, then finds the file there. The kernel
     drops a flock when its process dies, so a killed pull never leaves it held."""
-    import fcntl
-
     lock_dir = paths.home() / "locks"
     try:
         lock_dir.mkdir(parents=True, exist_ok=True)
@@ -349,14 +348,12 @@ def _pull_lock(entry: ModelEntry, progress: Progress | None):
     except OSError as e:
         raise PullError(f"{entry.name}: cannot create its lock file in {lock_dir}: {e.strerror or e}") from None
     with fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not try_lock(fh):
             fh.seek(0)
             holder = fh.read().strip() or "?"
             if progress is not None:
                 progress(0, entry.size, f"{entry.name}: waiting for another pull of it (pid {holder})")
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            wait_lock(fh)
         fh.seek(0)
         fh.truncate()
         fh.write(f"{os.getpid()}\n")
