@@ -9,7 +9,10 @@
 # Reports (one command per table):
 #   easd-local bench report results/study/gsm8k-greedy.jsonl --markdown F.md --plot F.png
 #   (likewise math500-greedy and gsm8k300-t07; the sensitivity methods tf-p75/p95/p99 and
-#   tf-no-overlap sit in gsm8k-greedy.jsonl beside target and easd-tf, paired on 300 problems)
+#   tf-no-overlap sit in gsm8k-greedy.jsonl beside target and easd-tf; their table takes every
+#   accuracy on the same problems:)
+#   easd-local bench report results/study/gsm8k-greedy.jsonl --common \
+#       --methods target,easd-tf,tf-p75,tf-p95,tf-p99,tf-no-overlap --markdown F.md --plot F.png
 #
 # Order: the main GSM8K comparison first (target vs easd-tf; greedy sd is the control that
 # shows how much of a difference is numerical noise: it equals target but for near-ties),

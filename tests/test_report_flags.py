@@ -62,3 +62,38 @@ def test_plot_title_and_axes_from_zero(tmp_path, monkeypatch):
     lo, hi = ax.get_xlim()
     assert lo <= 0 < 9.9 < hi  # tok/s of both (10 and 9.9) sit near the right, on one scale from zero
     assert ax.get_ylim() == (0.0, 100.0)
+
+
+def test_methods_and_common_select_what_the_report_compares(tmp_path):
+    """A sensitivity table: settings that ran on the first problems only, beside methods that
+    ran on all of them; --common takes every accuracy on the same problems, --methods picks."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from easd_local.bench.report import select_rows
+    from easd_local.cli import app
+    from easd_local.errors import ConfigError
+
+    rows = [_row("target", i, correct=i % 2 == 0, extracted="1", stop="eos") for i in range(6)]
+    rows += [_row("easd", i, correct=True, extracted="1", stop="eos") for i in range(6)]
+    rows += [_row("hot", i, correct=False, extracted="2", stop="eos") for i in range(2)]  # first 2 only
+    (g,) = summarize(select_rows(rows, common=True))
+    assert {m.method: (m.n, m.correct) for m in g.methods} == {"target": (2, 1), "easd": (2, 2), "hot": (2, 0)}
+    (g,) = summarize(select_rows(rows, methods=["target", "easd"], common=True))
+    assert {m.method: (m.n, m.correct) for m in g.methods} == {"target": (6, 3), "easd": (6, 6)}
+    (g,) = summarize(select_rows(rows, methods=["target", "hot"]))
+    assert {m.method: m.n for m in g.methods} == {"target": 6, "hot": 2}
+    with pytest.raises(ConfigError, match="no rows of method nope"):
+        select_rows(rows, methods=["nope"])
+
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    md = tmp_path / "r.md"
+    r = CliRunner().invoke(app, ["bench", "report", str(path), "--common", "--markdown", str(md)])
+    assert r.exit_code == 0, r.output
+    text = md.read_text(encoding="utf-8")
+    assert "2 questions" in text and "| target | 2 | 50.0% (1) |" in text
+    assert "only the problems every shown method answered (--common)" in text
+    r = CliRunner().invoke(app, ["bench", "report", str(path), "--methods", "target,nope"])
+    assert r.exit_code == 2 and "Traceback" not in r.output and "no rows of method nope" in r.output

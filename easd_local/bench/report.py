@@ -279,6 +279,31 @@ def latest_rows(rows: Iterable[dict]) -> tuple[list[dict], Counter]:
     return list(latest.values()), duplicates
 
 
+def select_rows(rows: Iterable[dict], *, methods: Sequence[str] | None = None,
+                common: bool = False) -> list[dict]:
+    """The rows a report shows: only ``methods`` (all when None) and, with ``common``, only
+    the problems every shown method of the same (dataset, pair) answered, so that each
+    accuracy is taken on the same problems (a sensitivity table whose settings ran on the
+    first 300 problems beside methods that ran on all of them). ConfigError when a named
+    method has no rows."""
+    rows = list(rows)
+    if methods is not None:
+        present = {r["method"] for r in rows}
+        missing = [m for m in methods if m not in present]
+        if missing:
+            raise ConfigError(f"no rows of method {', '.join(missing)} (the file has: "
+                              f"{', '.join(sorted(present)) or 'none'})")
+        keep = set(methods)
+        rows = [r for r in rows if r["method"] in keep]
+    if common:
+        answered: dict[tuple[str, str], dict[str, set]] = {}
+        for r in latest_rows(rows)[0]:
+            answered.setdefault((r["dataset"], r["pair"]), {}).setdefault(r["method"], set()).add(r["qid"])
+        shared = {key: set.intersection(*by_method.values()) for key, by_method in answered.items()}
+        rows = [r for r in rows if r["qid"] in shared[(r["dataset"], r["pair"])]]
+    return rows
+
+
 def _files_key(row: dict) -> tuple[str | None, str | None]:
     return row_model_sha(row, "draft"), row_model_sha(row, "target")
 

@@ -141,26 +141,31 @@ class _Accuracy:
         return ("accuracy: " + " · ".join(parts)) if parts else ""
 
 
-def print_report(path: Path, markdown: Path | None = None, plot: Path | None = None, same_env: bool = False) -> None:
+def print_report(path: Path, markdown: Path | None = None, plot: Path | None = None, same_env: bool = False,
+                 methods: list[str] | None = None, common: bool = False) -> None:
     results = rep.load_results(path)
     if results.torn_lines:
         err_console.print(
             Text(f"note: the last line of {path} was cut off mid-write (the run was killed) and is skipped; "
                  "rerun the benchmark with --resume to redo that row", style="yellow")
         )
-    summaries = rep.summarize(results, same_env=same_env)
+    rows = rep.select_rows(results, methods=methods, common=common)
+    summaries = rep.summarize(rows, same_env=same_env)
     if not summaries:
-        console.print(Text(f"{path}: no results yet"))
+        console.print(Text(f"{path}: no results yet" if not results else
+                           f"{path}: no problem was answered by every method shown (--common)"))
     # a log file or pipe gets whole tables rather than 80 columns of ellipses
     out = console if console.is_terminal else Console(highlight=False, width=max(console.width, 200))
-    env_note = rep.env_lines(rep.environments(rep.latest_rows(results)[0]), same_env)
+    env_note = rep.env_lines(rep.environments(rep.latest_rows(rows)[0]), same_env)
     for i, line in enumerate(env_note):  # above the tables: they may compare across environments
         out.print(Text(("warning: " if i == 0 else "  ") + line, style="yellow"))
     for table in rep.render_rich(summaries):
         out.print(table)
     if markdown is not None:
         try:
-            markdown.expanduser().write_text(rep.render_markdown(summaries, env_note), encoding="utf-8")
+            shown = ([f"methods shown: {', '.join(methods)}"] if methods else []) + (
+                ["only the problems every shown method answered (--common)"] if common else [])
+            markdown.expanduser().write_text(rep.render_markdown(summaries, [*env_note, *shown]), encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot write {str(markdown)!r}: {exc.strerror or exc}") from None
         console.print(Text(f"markdown: {markdown}"))
@@ -397,10 +402,15 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the tables as Markdown to this file (default: none).")] = None,
         plot: Annotated[Optional[Path], typer.Option("--plot", help="Also plot accuracy against tokens/s to this PNG (needs matplotlib; default: none).")] = None,
         same_env: Annotated[bool, typer.Option("--same-env", help="Paired wins/losses only on problems whose two rows come from one environment (same llama.cpp build, threads, batch sizes, machine...).")] = False,
+        methods: Annotated[Optional[str], typer.Option("--methods", metavar="M1,M2,...", help="Only these methods (the rows' method names, comma-separated; default: all).")] = None,
+        common: Annotated[bool, typer.Option("--common", help="Only the problems every shown method answered, so that each accuracy is taken on the same problems.")] = False,
     ) -> None:
         """Summarise a results file: accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares. Says first when the rows come from more than one environment."""
         _need_matplotlib(plot)
-        print_report(results, markdown, plot, same_env)
+        names = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
+        if names is not None and not names:
+            raise ConfigError("--methods is empty: give method names, e.g. --methods target,easd-tf")
+        print_report(results, markdown, plot, same_env, names, common)
 
     @bench_app.command("rerun")
     @friendly
