@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The quality study's tables (issue 16), each one `easd-local bench report` of a results file
+# that scripts/quality_study.sh writes; a table whose rows do not exist yet is skipped, so this
+# can run at any point of the study.
+#
+#   scripts/study_report.sh [DIR]        (default results/study; writes DIR/*.md and DIR/*.png)
+#
+# Every table takes its accuracies on the same problems (--common): the study's methods are at
+# different points of the run (easd-tf one problem behind target; the sensitivity settings on
+# the first 300 problems only; sd last).
+set -euo pipefail
+DIR=${1:-results/study}
+
+# the methods of a results file that have rows, in the order asked for, comma-separated
+present() {
+    python - "$1" "$2" <<'EOF'
+import json, sys
+path, wanted = sys.argv[1], sys.argv[2].split(",")
+seen = set()
+with open(path, encoding="utf-8") as f:
+    for line in f:
+        try:
+            seen.add(json.loads(line)["method"])
+        except (ValueError, KeyError, TypeError):
+            pass  # a torn last line: bench report says so
+print(",".join(m for m in wanted if m in seen))
+EOF
+}
+
+# report FILE NAME METHODS [NEEDED]: DIR/NAME.md and DIR/NAME.png from the METHODS of FILE that
+# have rows; skipped while NEEDED (default: the second method) has none
+report() {
+    local file=$DIR/$1 name=$2 methods need
+    [[ -f $file ]] || { echo "skip $name: no $file yet"; return; }
+    methods=$(present "$file" "$3")
+    need=${4:-$(cut -d, -f2 <<<"$3")}
+    [[ ,$methods, == *,$need,* && $methods == *,* ]] || { echo "skip $name: no $need rows in $file yet"; return; }
+    echo "== $name: $methods"
+    easd-local bench report "$file" --methods "$methods" --common \
+        --markdown "$DIR/$name.md" --plot "$DIR/$name.png"
+}
+
+report gsm8k-greedy.jsonl gsm8k-greedy target,easd-tf
+report gsm8k-greedy.jsonl gsm8k-sd-control target,sd,easd-tf sd
+report gsm8k-greedy.jsonl gsm8k300-sensitivity target,easd-tf,tf-p75,tf-p95,tf-p99,tf-no-overlap tf-p75
+report math500-greedy.jsonl math500-greedy target,easd-tf
+report gsm8k300-t07.jsonl gsm8k300-t07 target,easd-tf
