@@ -111,11 +111,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         """
         entries, loose = _verify_targets(names)
         bad = []
-        with download_bar(transient=True) as prog:
-            if not err_console.is_terminal:
-                prog.disable = True
+        with download_bar(transient=True, disable=not err_console.is_terminal) as prog:
             for e in entries:
-                found = check_cached(e)
+                found = check_cached(e, read=False)  # the read, with its bar, comes below
                 if found.state == "missing":
                     if names:
                         console.print(Text(f"{e.name}: not downloaded  {local_path(e)}"), soft_wrap=True)
@@ -166,15 +164,14 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         t.add_column("size", justify="right", no_wrap=True)
         t.add_column("present", no_wrap=True)
         t.add_column("path", overflow="fold")
-        unverified = False
+        # the file-hash stamp answers without reading gigabytes; a listing never hashes
+        state = {m.name: check_cached(m, read=False).state for m in cat.models.values()}
+        shown = {"trusted": "yes", "missing": "no", "wrong-size": "no (wrong size)", "corrupt": "corrupt"}
 
         def _presence(m) -> str:
-            # the file-hash stamp answers without reading gigabytes; a listing never hashes
-            nonlocal unverified
-            state = check_cached(m, read=False).state
-            unverified |= state == "unverified"
-            return {"trusted": "yes", "missing": "no", "wrong-size": "no (wrong size)",
-                    "corrupt": "corrupt"}.get(state, state)
+            if m.name not in state:  # a pair's model that the models table does not list
+                state[m.name] = check_cached(m, read=False).state
+            return shown.get(state[m.name], state[m.name])
 
         for m in cat.models.values():
             t.add_row(
@@ -208,7 +205,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 check,
             )
         out.print(p)
-        if unverified:
+        if "unverified" in state.values():
             out.print(Text("unverified: the right size, but changed since its sha256 was last checked; "
                            "`easd-local models verify` hashes it"), soft_wrap=True)
 
@@ -262,9 +259,7 @@ def add_model_with_bar(name: str, path: str, role: str | None = None):
         total = Path(path).expanduser().stat().st_size
     except OSError:
         total = None  # add_user_model says what is wrong
-    with download_bar(transient=True) as prog:
-        if not err_console.is_terminal:
-            prog.disable = True
+    with download_bar(transient=True, disable=not err_console.is_terminal) as prog:
         task = prog.add_task(name, total=total, stage="hashing")
         return add_user_model(name, path, role=role, progress=lambda d, t: prog.update(task, completed=d, total=t))
 

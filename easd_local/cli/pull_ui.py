@@ -23,11 +23,13 @@ from ..units import human_size
 from .common import err_console
 
 
-def download_bar(transient: bool = False) -> Progress:
-    """The bar every byte-counting stage uses: name, stage, bar, bytes, rate, time left."""
+def download_bar(transient: bool = False, disable: bool = False) -> Progress:
+    """The bar every byte-counting stage uses: name, stage, bar, bytes, rate, time left.
+    ``disable`` must be given here, not set on the bar once entered: a bar entered enabled
+    has started its live display, and stopping it still writes to the console."""
     return Progress(TextColumn("{task.description}"), TextColumn("[dim]{task.fields[stage]}"), BarColumn(),
                     DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), console=err_console,
-                    transient=transient)
+                    transient=transient, disable=disable)
 
 
 def _source_text(src) -> str:
