@@ -305,6 +305,17 @@ class Run:
     target_s: float | None = None
     extra: dict = field(default_factory=dict)
 
+    def stats(self):
+        """This run's counts as a ``Stats`` (generation seconds only), so that the summary's
+        totals and rates come from the definitions every other report reads, for llama.cpp's
+        runs as for ours."""
+        from easd_local.engine.decoding import Stats
+
+        return Stats(mode=self.mode, tokens=self.tokens, seconds_total=self.seconds,
+                     drafted=self.drafted or 0, draft_accepted=self.accepted or 0,
+                     easd_fires=int((self.extra or {}).get("easd_fires", 0)),
+                     seconds_controller=self.controller_s or 0.0)
+
 
 def run_ours(models, prompt_tokens: list[int], mode: str, args, cfg_base) -> Run:
     from easd_local.engine.decoding import generate_all
@@ -336,15 +347,10 @@ def _ratio_summary(xs: list[float]) -> dict | None:
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
 
 
-def _agg_tps(runs: list[Run]) -> float | None:
-    t = sum(r.tokens for r in runs)
-    s = sum(r.seconds for r in runs)
-    return t / s if s > 0 else None
+def _total(runs: list[Run]):
+    from easd_local.engine.decoding import Stats
 
-
-def _agg_acc(runs: list[Run]) -> float | None:
-    d = sum(r.drafted or 0 for r in runs)
-    return sum(r.accepted or 0 for r in runs) / d if d else None
+    return sum((r.stats() for r in runs), Stats())
 
 
 def summarize(runs: list[Run]) -> dict:
@@ -366,14 +372,15 @@ def summarize(runs: list[Run]) -> dict:
     order = [("ours", "target"), ("llama.cpp", "target"), ("ours", "sd"), ("llama.cpp", "sd"), ("ours", "easd")]
     systems = {}
     for (sy, mo), rs in sorted(by.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99):
-        ctrl = sum(r.controller_s or 0.0 for r in rs)
+        t = _total(rs)
+        # the controller's share is of the whole run, prompt included, as decoding's own figure
         tot = sum((r.extra or {}).get("seconds_total", 0.0) for r in rs)
         systems[f"{sy}:{mo}"] = {
-            "runs": len(rs), "tokens": sum(r.tokens for r in rs), "seconds": sum(r.seconds for r in rs),
-            "tokens_per_s": _agg_tps(rs), "acceptance_rate": _agg_acc(rs),
-            "controller_share": (ctrl / tot) if (sy == "ours" and tot > 0) else None,
-            "easd_fires_per_100": (100.0 * sum((r.extra or {}).get("easd_fires", 0) for r in rs)
-                                   / max(1, sum(r.tokens for r in rs))) if mo == "easd" else None,
+            "runs": len(rs), "tokens": t.tokens, "seconds": t.seconds_generating,
+            "tokens_per_s": t.tokens_per_s if t.seconds_generating > 0 else None,
+            "acceptance_rate": t.acceptance_rate if t.drafted else None,
+            "controller_share": (t.seconds_controller / tot) if (sy == "ours" and tot > 0) else None,
+            "easd_fires_per_100": t.easd_fires_per_100 if mo == "easd" else None,
         }
     comparisons = {
         "target": {"what": "ours target / llama.cpp target-only",

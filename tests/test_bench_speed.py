@@ -96,13 +96,19 @@ def test_summary_ratios():
     runs = [R("ours", "target", 0, 0, 10, 1.0, 10.0), R("llama.cpp", "target", 0, 0, 10, 1.0, 20.0),
             R("ours", "sd", 0, 0, 10, 1.0, 30.0, drafted=8, accepted=6),
             R("llama.cpp", "sd", 0, 0, 10, 1.0, 30.0, drafted=8, accepted=4),
-            R("ours", "easd", 0, 0, 10, 1.0, 29.0, drafted=8, accepted=5)]
+            R("ours", "easd", 0, 0, 10, 1.0, 29.0, drafted=8, accepted=5, extra={"easd_fires": 2}),
+            R("ours", "target", 1, 0, 30, 2.0, 15.0)]
     s = bench.summarize(runs)
     c = s["comparisons"]
     assert c["target"]["ratio"]["median"] == pytest.approx(0.5) and c["target"]["met"] is False
     assert c["sd"]["ratio"]["median"] == pytest.approx(1.0) and c["sd"]["met"] is True
     assert c["easd"]["ratio"]["median"] == pytest.approx(29 / 30) and c["easd"]["met"] is True
     assert s["systems"]["ours:sd"]["acceptance_rate"] == pytest.approx(0.75)
+    # totals pool tokens and seconds (40 tokens in 3 s), not the runs' rates (mean 12.5)
+    assert s["systems"]["ours:target"]["tokens_per_s"] == pytest.approx(40 / 3)
+    assert s["systems"]["ours:target"]["acceptance_rate"] is None
+    assert s["systems"]["ours:easd"]["easd_fires_per_100"] == pytest.approx(20.0)
+    assert s["systems"]["ours:target"]["easd_fires_per_100"] is None
     assert list(s["systems"]) == ["ours:target", "llama.cpp:target", "ours:sd", "llama.cpp:sd", "ours:easd"]
 
 
