@@ -124,12 +124,20 @@ def test_bench_row_carries_provenance(tmp_path, tiny_draft, tiny_target):
         check_provenance(row["provenance"], tiny_draft, tiny_target, threads=1, parallel=2)
         assert row_model_sha(row, "target") == sha256(tiny_target)
         assert len(row["completion_tokens"]) == row["stats"]["tokens"] == 8
+        assert row["load_avg"] == pytest.approx(os.getloadavg()[0], abs=5.0) and row["load_avg"] >= 0
     assert row_env_id(rows[0]) == row_env_id(rows[1])
     # gate margin: the target alone decides nothing; easd-tf evaluates the gate at every position
     target, tf = rows
     assert (target["stats"]["gate_decisions"], target["stats"]["gate_near_share"]) == (0, None)
     assert tf["stats"]["gate_decisions"] == 8 and 0 <= tf["stats"]["gate_near"] <= 8
     assert tf["stats"]["gate_margin"] == 0.05
+    # the report says under what load each method's tok/s were measured, on screen and in markdown
+    md = tmp_path / "r.md"
+    r = invoke("bench", "report", out, "--markdown", md)
+    assert r.exit_code == 0, r.output
+    note = f"target {target['load_avg']:.2f} · easd-tf {tf['load_avg']:.2f}"
+    assert "note: load (median 1-minute load average" in r.stdout and note in r.stdout.replace("\n", " ")
+    assert note in md.read_text()
 
 
 def test_generate_json_carries_provenance(tiny_draft, tiny_target):

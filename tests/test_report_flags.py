@@ -7,8 +7,9 @@ import dataclasses
 
 import pytest
 
-from easd_local.bench.report import flags_text, plot, render_markdown, settings_label, summarize
-from easd_local.bench.schema import empty_stats, make_row
+from easd_local.bench.report import flags_text, load_lines, plot, render_markdown, settings_label, summarize
+from easd_local.bench.schema import empty_stats, make_row, validate_row
+from easd_local.errors import ConfigError
 from easd_local.engine.config import DecodeConfig
 
 
@@ -97,3 +98,28 @@ def test_methods_and_common_select_what_the_report_compares(tmp_path):
     assert "only the problems every shown method answered (--common)" in text
     r = CliRunner().invoke(app, ["bench", "report", str(path), "--methods", "target,nope"])
     assert r.exit_code == 2 and "Traceback" not in r.output and "no rows of method nope" in r.output
+
+
+def test_load_lines_say_under_what_load_each_method_ran():
+    rows = [_row("target", i, correct=True, extracted="1", stop="eos") for i in range(3)]  # before load_avg
+    assert load_lines(summarize(rows)) == []
+    rows += [make_row(**{**_kw(r), "method": "easd-tf", "load_avg": load}) for r, load in zip(rows, (1.0, 3.0, 2.5))]
+    rows.append(make_row(**{**_kw(rows[0]), "method": "sd", "qid": "gsm8k-test-00009", "index": 9, "load_avg": 0.5}))
+    (line,) = load_lines(summarize(rows))
+    assert "target not recorded" in line and "easd-tf 2.50" in line and "sd 0.50" in line
+    assert "(1 of" not in line  # every easd-tf and sd row records one
+    rows.append(_row("sd", 10, correct=True, extracted="1", stop="eos"))
+    assert "sd 0.50 (1 of 2 rows)" in load_lines(summarize(rows))[0]
+
+
+def _kw(row):
+    keys = ("dataset", "qid", "index", "method", "pair", "config", "question", "gold", "completion", "extracted",
+            "correct", "stats")
+    return {k: row[k] for k in keys}
+
+
+@pytest.mark.parametrize("bad", [-1.0, True, float("nan"), "2.0"])
+def test_a_bad_load_avg_is_refused(bad):
+    row = _row("target", 0, correct=True, extracted="1", stop="eos")
+    with pytest.raises(ConfigError, match="load_avg"):
+        validate_row({**row, "load_avg": bad}, "r.jsonl line 1")

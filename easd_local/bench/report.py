@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,8 @@ class MethodSummary:
     share_target: float | None
     share_controller: float | None
     stop_reasons: dict[str, int] = field(default_factory=dict)
+    load_median: float | None = None  # median 1-minute load average as its rows finished
+    load_rows: int = 0  # rows that record one (rows written before 2026-12-04 do not)
     truncated: int = 0  # rows that stopped on length or context, not at an end of generation
     no_answer: int = 0  # rows from which the grader extracted no answer
     vs_sd: PairedComparison | None = None
@@ -222,6 +225,7 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
     seconds = s.seconds_total
     speculative = s.drafted > 0
     # easd-tf drafts nothing but gates every position: its fire rate belongs in the table
+    loads = [float(r["load_avg"]) for r in rows if r.get("load_avg") is not None]
     gated = speculative or any(getattr(MODE_TABLE.get(str(r["config"].get("mode", ""))), "gated", False) for r in rows)
     return MethodSummary(
         method=method,
@@ -244,6 +248,8 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
         share_target=_ratio(s.seconds_target, seconds),
         share_controller=_ratio(s.seconds_controller, seconds),
         stop_reasons=dict(Counter(r["stats"]["stop_reason"] or "?" for r in rows)),
+        load_median=statistics.median(loads) if loads else None,
+        load_rows=len(loads),
         truncated=sum(1 for r in rows if r["stats"].get("stop_reason") in ("length", "context")),
         no_answer=sum(1 for r in rows if r.get("extracted") in (None, "")),
     )
@@ -473,6 +479,27 @@ def env_lines(mix: EnvMix, same_env: bool = False) -> list[str]:
 # ------------------------------------------------------------------------ rendering
 
 
+def load_lines(summaries: Sequence[GroupSummary]) -> list[str]:
+    """One line per group whose rows record the machine's load: each method's median 1-minute
+    load average, so that a reader sees whether its tok/s were measured under like loads
+    (a speed comparison is a ratio measured side by side in one run). Nothing when no row
+    records a load."""
+    out = []
+    for g in summaries:
+        if not any(m.load_rows for m in g.methods):
+            continue
+        parts = []
+        for m in g.methods:
+            if not m.load_rows:
+                parts.append(f"{m.method} not recorded")
+                continue
+            part = f"{m.method} {m.load_median:.2f}"
+            parts.append(part + (f" ({m.load_rows} of {m.n} rows)" if m.load_rows < m.n else ""))
+        out.append(f"load (median 1-minute load average as the rows finished; tok/s compare only under like "
+                   f"loads), {g.dataset} · pair {g.pair}: " + " · ".join(parts))
+    return out
+
+
 def _pct(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{100 * x:.{digits}f}%"
 
@@ -587,9 +614,11 @@ def render_rich(summaries: list[GroupSummary]) -> list:
     return tables
 
 
-def render_markdown(summaries: list[GroupSummary], env_note: Sequence[str] = ()) -> str:
+def render_markdown(summaries: list[GroupSummary], env_note: Sequence[str] = (),
+                    after: Sequence[str] = ()) -> str:
     """The summaries as Markdown: the environment note (:func:`env_lines`) as a quote, a
-    heading and a table per (dataset, pair), then notes."""
+    heading and a table per (dataset, pair), then notes, then ``after`` (e.g.
+    :func:`load_lines`), one paragraph each."""
     parts: list[str] = [f"> {line}  " for line in env_note]
     if parts:
         parts.append("")
@@ -614,6 +643,9 @@ def render_markdown(summaries: list[GroupSummary], env_note: Sequence[str] = ())
         if any(m.mechanism for g in summaries for m in g.methods):
             parts.append(f"_{MECH_NOTE}_")
             parts.append("")
+    for line in after:
+        parts.append(f"Note: {line}")
+        parts.append("")
     return "\n".join(parts)
 
 

@@ -17,7 +17,9 @@ Rows written since provenance was added also carry ``provenance`` (``provenance.
 and ``completion_tokens`` (the generated token ids); rows of the batched runner also carry
 ``rng_seed``, the seed of the sequence's own random generator (from ``--seed`` and the
 problem: ``runner.problem_seed``; without it the generator was seeded with
-``config["seed"]``). Older rows lack these: readers treat
+``config["seed"]``); rows written since 2026-12-04 carry ``load_avg``, the machine's 1-minute
+load average when the row finished (absent where the OS has none), since tokens/s compare only
+between rows made under like loads. Older rows lack these: readers treat
 their environment as unknown (:func:`row_env_id` gives None) and their models as unnamed.
 
 Non-finite numbers: strict JSON has no Infinity or NaN (jq and most non-Python readers
@@ -95,6 +97,7 @@ OPTIONAL_STAT_FIELDS: dict[str, str] = {
 OPTIONAL_TOP_FIELDS: dict[str, tuple[type, ...]] = {
     "provenance": (dict,),
     "completion_tokens": (list,),
+    "load_avg": (float, int),
 }
 
 
@@ -188,6 +191,7 @@ def make_row(
     provenance: dict[str, Any] | None = None,
     completion_tokens: list[int] | None = None,
     rng_seed: int | None = None,
+    load_avg: float | None = None,
 ) -> dict[str, Any]:
     """Build and validate a row; stats fields not given default to 0 ("" for texts).
 
@@ -215,6 +219,8 @@ def make_row(
         row["completion_tokens"] = [int(t) for t in completion_tokens]
     if rng_seed is not None:
         row["rng_seed"] = int(rng_seed)
+    if load_avg is not None:
+        row["load_avg"] = float(load_avg)
     return validate_row(row)
 
 
@@ -244,6 +250,9 @@ def validate_row(row: Any, where: str = "") -> dict[str, Any]:
     for key, types in OPTIONAL_TOP_FIELDS.items():
         if key in row and not isinstance(row[key], types):
             raise _bad(where, f"{key} must be {' or '.join(t.__name__ for t in types)}, got {type(row[key]).__name__}")
+    load = row.get("load_avg")
+    if load is not None and (isinstance(load, bool) or not math.isfinite(load) or load < 0):
+        raise _bad(where, f"load_avg must be a number >= 0, got {load!r}")
     if "provenance" in row:
         _check_provenance(row["provenance"], where)
     toks = row.get("completion_tokens")

@@ -161,11 +161,14 @@ def print_report(path: Path, markdown: Path | None = None, plot: Path | None = N
         out.print(Text(("warning: " if i == 0 else "  ") + line, style="yellow"))
     for table in rep.render_rich(summaries):
         out.print(table)
+    loads = rep.load_lines(summaries)
+    for line in loads:
+        out.print(Text(f"note: {line}"))
     if markdown is not None:
         try:
             shown = ([f"methods shown: {', '.join(methods)}"] if methods else []) + (
                 ["only the problems every shown method answered (--common)"] if common else [])
-            markdown.expanduser().write_text(rep.render_markdown(summaries, [*env_note, *shown]), encoding="utf-8")
+            markdown.expanduser().write_text(rep.render_markdown(summaries, [*env_note, *shown], loads), encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot write {str(markdown)!r}: {exc.strerror or exc}") from None
         console.print(Text(f"markdown: {markdown}"))
