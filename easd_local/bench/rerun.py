@@ -227,7 +227,7 @@ def environment_note(plan: RerunPlan) -> str | None:
 # ---------------------------------------------------------------------- the run
 
 
-def _logits_after(model: Model, tokens: Sequence[int], n_vocab: int) -> np.ndarray:
+def logits_after(model: Model, tokens: Sequence[int], n_vocab: int) -> np.ndarray:
     model.reset()
     return model.decode(list(tokens), logits_at=(-1,))[0, :n_vocab]
 
@@ -280,11 +280,11 @@ def rerun(plan: RerunPlan) -> RerunResult:
             return RerunResult(len(new), len(recorded), retokenized, diff)
         # the model whose choice the token is: the target, except in draft-only mode
         decider = getattr(models, cfg.mode_info.decider)
-        z = _logits_after(decider, common, models.n_vocab)
+        z = logits_after(decider, common, models.n_vocab)
         logits = (float(z[new_tok]), float(z[rec_tok]))
         gate, gate_source, fired = None, "", (None, None)
         if cfg.gate_enabled:
-            z_d = _logits_after(models.draft, common, models.n_vocab)
+            z_d = logits_after(models.draft, common, models.n_vocab)
             taus = dict(tau_target=cfg.tau_target, tau_draft=cfg.tau_draft, tau_overlap=cfg.overlap, top_n=cfg.top_n,
                         topn_gaps=(topn_boundary_gap(z, cfg.top_n), topn_boundary_gap(z_d, cfg.top_n)))
             figures = (at_k.h_target, at_k.h_draft, at_k.overlap) if at_k is not None else (None,) * 3

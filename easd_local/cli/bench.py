@@ -21,9 +21,10 @@ from rich.console import Console
 from rich.text import Text
 
 from ..bench import report as rep
+from ..bench import parted as parted_mod
 from ..bench import rerun as rerun_mod
 from ..bench import runner
-from ..engine.near_ties import ARGMAX_NEAR_TIE
+from ..engine.near_ties import ARGMAX, ARGMAX_NEAR_TIE
 from ..bench.datasets import GRADERS, PRESETS, load_dataset, preset_names
 from ..store import provenance
 from ..engine.config import MODES, DecodeConfig
@@ -341,7 +342,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         name="bench",
         invoke_without_command=True,
         rich_markup_mode="rich",
-        subcommand_metavar="[report RESULTS | rerun RESULTS --qid Q --method M]",
+        subcommand_metavar="[report RESULTS | rerun RESULTS --qid Q --method M | parted RESULTS --method M]",
     )
     app.add_typer(bench_app, name="bench")
 
@@ -429,6 +430,19 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         print_rerun(results, qid, method, pair, draft, target)
 
 
+    @bench_app.command("parted")
+    @friendly
+    def parted(
+        results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
+        method: Annotated[str, typer.Option("--method", help="A lossless greedy method of the file (e.g. sd).")],
+        against: Annotated[str, typer.Option("--against", help="The method it should equal (default target).")] = "target",
+        pair: Annotated[Optional[str], typer.Option("--pair", help="The rows' pair, when the file has several (default: the only one).")] = None,
+        limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N problems both methods answered (default: all).")] = None,
+        target: Annotated[Optional[Path], typer.Option("--target", help="The target file, when it is not where this machine's hash cache or catalog knows it (default: the rows').")] = None,
+    ) -> None:
+        """For every problem two lossless greedy methods (sd, target) both answered, say whether their recorded texts are identical and, where they part, whether the first differing token was an argmax near-tie (the target's logit gap between the two tokens, evaluated again from the rows; no generation). Exit 1 when a text parts at a real difference (a defect of a lossless method)."""
+        print_parted(results, method, against, pair, limit, target)
+
 def print_rerun(results: Path, qid: str, method: str, pair: str | None, draft: Path | None,
                 target: Path | None) -> None:
     rows = rep.load_results(results)
@@ -468,3 +482,37 @@ def print_rerun(results: Path, qid: str, method: str, pair: str | None, draft: P
         for line in lines:
             console.print(Text(line), soft_wrap=True)
     raise typer.Exit(1)
+
+
+def print_parted(results: Path, method: str, against: str, pair: str | None, limit: int | None,
+                 target: Path | None) -> None:
+    rows = rep.load_results(results)
+    plan = parted_mod.plan_parted(rows, method, against, pair, target=target, limit=limit)
+    n = len(plan.pairs)
+    err_console.print(Text(f"{method} against {against} in {results.name}: {n} problems both answered; "
+                           f"target {plan.target.name}"))
+    for note in plan.notes:
+        err_console.print(Text(f"note: {note}", style="yellow"))
+    partings = []
+    for p in parted_mod.explain(plan):
+        partings.append(p)
+        if p.kind == parted_mod.IDENTICAL:
+            continue
+        where = f"token {p.index}: {method} {p.text!r} (id {p.token}), {against} {p.baseline_text!r} (id {p.baseline_token})"
+        if p.kind == parted_mod.LENGTH:
+            why = "one completion stops where the other goes on"
+        else:
+            why = f"{p.kind}, logit gap {p.logit_gap:+.3f}"
+        answer = "answer changed" if p.answer_changed else "same answer"
+        console.print(Text(f"{p.qid} parts at {where} · {why} · {answer}"), soft_wrap=True)
+    s = parted_mod.summarize(partings)
+    c = s.counts
+    line = (f"{s.compared} problems: {c[parted_mod.IDENTICAL]} identical, {s.parted} parted "
+            f"({c[ARGMAX]} at an argmax near-tie, {c[parted_mod.REAL]} at a real difference, "
+            f"{c[parted_mod.LENGTH]} where one stopped first)")
+    if s.gaps:
+        line += f"; |logit gap| median {s.median_gap:.3f}, max {s.max_gap:.3f} (a near-tie is under {ARGMAX_NEAR_TIE})"
+    line += f"; answers changed {s.answers_changed}: {method} right and {against} wrong {s.wins}, the reverse {s.losses}"
+    console.print(Text(line), soft_wrap=True)
+    if c[parted_mod.REAL]:
+        raise typer.Exit(1)
