@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from easd_local.bench.report import flags_text, load_lines, plot, render_markdown, settings_label, summarize
+from easd_local.bench.report import (flags_text, load_lines, plot, render_markdown, settings_label, speed_note,
+                                     summarize)
 from easd_local.bench.schema import empty_stats, make_row, validate_row
 from easd_local.errors import ConfigError
 from easd_local.engine.config import DecodeConfig
@@ -108,8 +109,34 @@ def test_load_lines_say_under_what_load_each_method_ran():
     (line,) = load_lines(summarize(rows))
     assert "target not recorded" in line and "easd-tf 2.50" in line and "sd 0.50" in line
     assert "(1 of" not in line  # every easd-tf and sd row records one
+    assert line.endswith("; load not recorded for every row: compare tok/s only between methods run side by side")
     rows.append(_row("sd", 10, correct=True, extracted="1", stop="eos"))
     assert "sd 0.50 (1 of 2 rows)" in load_lines(summarize(rows))[0]
+
+
+@pytest.mark.parametrize("loads,note", [((2.0, 2.4), None), ((2.0, 2.6), "medians 2.00–2.60"),
+                                        ((None, 2.0), "not recorded for every row")])
+def test_speed_note_says_when_tok_s_are_no_speed_comparison(loads, note, tmp_path, monkeypatch):
+    """Methods whose rows ran under loads more than LOAD_ALIKE apart, or without a recorded
+    load, get a note in the report's load line and on the plot's speed panel."""
+    rows = []
+    for method, load in zip(("target", "easd-tf"), loads):
+        for i in range(2):
+            row = _row(method, i, correct=True, extracted="1", stop="eos")
+            rows.append(row if load is None else make_row(**{**_kw(row), "load_avg": load}))
+    (g,) = summarize(rows)
+    got = speed_note(g)
+    assert (got is None) if note is None else (note in got)
+    assert speed_note(summarize([r for r in rows if r["method"] == "target"])[0]) is None  # one method: nothing to compare
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    saved = []
+    real = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **kw: (saved.append(self), real(self, *a, **kw))[1])
+    plot(summarize(rows), tmp_path / "p.png")
+    texts = [t.get_text() for t in saved[0].axes[0].texts]
+    assert texts == ([] if note is None else [got])
 
 
 def _kw(row):

@@ -479,11 +479,31 @@ def env_lines(mix: EnvMix, same_env: bool = False) -> list[str]:
 # ------------------------------------------------------------------------ rendering
 
 
+# 1-minute load averages whose medians lie this close count as like loads (on the 2-core
+# development machine one more busy thread moves the load by ~1 and tok/s by a third or more)
+LOAD_ALIKE = 0.5
+
+
+def speed_note(g: GroupSummary) -> str | None:
+    """None when the group's tok/s were measured under like loads (every row records one and
+    the methods' medians lie within LOAD_ALIKE); otherwise why its tok/s are no speed
+    comparison. One method alone compares with nothing: None."""
+    ms = [m for m in g.methods if m.tokens_per_s is not None]
+    if len(ms) < 2:
+        return None
+    if any(m.load_rows < m.n for m in ms):
+        return "load not recorded for every row: compare tok/s only between methods run side by side"
+    lo, hi = min(m.load_median for m in ms), max(m.load_median for m in ms)
+    if hi - lo > LOAD_ALIKE:
+        return f"rows made under different loads (medians {lo:.2f}–{hi:.2f}): tok/s here are no speed comparison"
+    return None
+
+
 def load_lines(summaries: Sequence[GroupSummary]) -> list[str]:
     """One line per group whose rows record the machine's load: each method's median 1-minute
     load average, so that a reader sees whether its tok/s were measured under like loads
-    (a speed comparison is a ratio measured side by side in one run). Nothing when no row
-    records a load."""
+    (a speed comparison is a ratio measured side by side in one run), and where they were
+    not, :func:`speed_note`. Nothing when no row records a load."""
     out = []
     for g in summaries:
         if not any(m.load_rows for m in g.methods):
@@ -495,8 +515,9 @@ def load_lines(summaries: Sequence[GroupSummary]) -> list[str]:
                 continue
             part = f"{m.method} {m.load_median:.2f}"
             parts.append(part + (f" ({m.load_rows} of {m.n} rows)" if m.load_rows < m.n else ""))
+        note = speed_note(g)
         out.append(f"load (median 1-minute load average as the rows finished; tok/s compare only under like "
-                   f"loads), {g.dataset} · pair {g.pair}: " + " · ".join(parts))
+                   f"loads), {g.dataset} · pair {g.pair}: " + " · ".join(parts) + (f"; {note}" if note else ""))
     return out
 
 
@@ -693,6 +714,10 @@ def plot(summaries: list[GroupSummary], path: str | Path) -> Path:
                          f"{' | '.join(dict.fromkeys(g.settings for g in here if g.settings))}", fontsize="medium")
             ax.set_xlabel(xlabel)
             ax.set_ylabel("accuracy % (Wilson 95%)")
+            notes = [n for n in (speed_note(g) for g in here) if n] if row == 0 else []
+            if notes:  # the speed panel of rows that no speed comparison can be read from
+                ax.text(0.01, 0.01, "\n".join(dict.fromkeys(notes)), transform=ax.transAxes, fontsize="x-small",
+                        va="bottom", ha="left", wrap=True, color="0.3")
             # from zero, so that two near-equal speeds do not sit at opposite edges; a little
             # room on both sides so that points at 0 (methods that never fire) stay visible
             hi = max(ax.get_xlim()[1], 1e-9)
