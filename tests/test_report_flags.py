@@ -103,7 +103,10 @@ def test_methods_and_common_select_what_the_report_compares(tmp_path):
 
 def test_load_lines_say_under_what_load_each_method_ran():
     rows = [_row("target", i, correct=True, extracted="1", stop="eos") for i in range(3)]  # before load_avg
-    assert load_lines(summarize(rows)) == []
+    assert load_lines(summarize(rows)) == []  # one method: no speed to compare
+    unrecorded = rows + [make_row(**{**_kw(r), "method": "sd"}) for r in rows]
+    assert load_lines(summarize(unrecorded)) == [
+        "tok/s, gsm8k · pair mine: load not recorded for every row: compare tok/s only between methods run side by side"]
     rows += [make_row(**{**_kw(r), "method": "easd-tf", "load_avg": load}) for r, load in zip(rows, (1.0, 3.0, 2.5))]
     rows.append(make_row(**{**_kw(rows[0]), "method": "sd", "qid": "gsm8k-test-00009", "index": 9, "load_avg": 0.5}))
     (line,) = load_lines(summarize(rows))

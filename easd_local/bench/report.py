@@ -503,10 +503,14 @@ def load_lines(summaries: Sequence[GroupSummary]) -> list[str]:
     """One line per group whose rows record the machine's load: each method's median 1-minute
     load average, so that a reader sees whether its tok/s were measured under like loads
     (a speed comparison is a ratio measured side by side in one run), and where they were
-    not, :func:`speed_note`. Nothing when no row records a load."""
+    not, :func:`speed_note`. Where no row records a load, only the speed note (nothing for
+    one method)."""
     out = []
     for g in summaries:
         if not any(m.load_rows for m in g.methods):
+            note = speed_note(g)
+            if note:
+                out.append(f"tok/s, {g.dataset} · pair {g.pair}: {note}")
             continue
         parts = []
         for m in g.methods:
