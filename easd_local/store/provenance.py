@@ -170,17 +170,17 @@ def git_state() -> tuple[str | None, bool | None]:
     return commit, dirty
 
 
-@functools.lru_cache(maxsize=1)
 def load_average() -> float | None:
     """The machine's 1-minute load average (None where the OS has none). Not part of the
     environment: it is a circumstance of a row, not what produced it, but tokens/s compare
-    only between rows made under like loads."""
+    only between rows made under like loads. Read afresh at every call (a row's own load)."""
     try:
         return round(os.getloadavg()[0], 2)
     except (AttributeError, OSError):
         return None
 
 
+@functools.lru_cache(maxsize=1)
 def machine_id() -> str:
     """A short stable id of this machine: a hash salted with "easd-local" (so it matches no
     other tool's) of /etc/machine-id, else of the host name and MAC address."""
