@@ -122,8 +122,9 @@ def plan_parted(rows: Sequence[dict], method: str, baseline: str = "target", pai
     shas = {row_model_sha(r, "target") for pr in pairs for r in pr}
     if len(shas) > 1:
         raise ConfigError("the rows record different target files: their texts would part for that reason alone")
-    for name, r in (("--method", pairs[0][0]), ("--against", pairs[0][1])):
-        _check_lossless(r, name)
+    for row, base in pairs:  # before anything loads: a refusal mid-way would leave half a report
+        _check_lossless(row, "--method")
+        _check_lossless(base, "--against")
     missing = sum(1 for pr in pairs for r in pr if not r.get("completion_tokens"))
     if missing:
         raise ConfigError(f"{missing} of the rows record no token ids (written before completion_tokens existed): "
@@ -140,8 +141,6 @@ def explain(plan: PartedPlan) -> Iterator[Parting]:
     with models:
         t = models.target
         for row, base in plan.pairs:
-            _check_lossless(row, "--method")
-            _check_lossless(base, "--against")
             a, b = row["completion_tokens"], base["completion_tokens"]
             k = first_difference(a, b)
             changed = (row.get("extracted") or "") != (base.get("extracted") or "")

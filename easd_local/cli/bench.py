@@ -443,6 +443,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         """For every problem two lossless greedy methods (sd, target) both answered, say whether their recorded texts are identical and, where they part, whether the first differing token was an argmax near-tie (the target's logit gap between the two tokens, evaluated again from the rows; no generation). Exit 1 when a text parts at a real difference (a defect of a lossless method)."""
         print_parted(results, method, against, pair, limit, target)
 
+
 def print_rerun(results: Path, qid: str, method: str, pair: str | None, draft: Path | None,
                 target: Path | None) -> None:
     rows = rep.load_results(results)
