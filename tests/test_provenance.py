@@ -140,7 +140,6 @@ def test_bench_row_carries_provenance(tmp_path, tiny_draft, tiny_target):
     assert note in md.read_text()
 
 
-
 def test_each_row_records_its_own_load(tmp_path, tiny_draft, tiny_target, monkeypatch):
     """The load is read as each row finishes, not once per run (a cached first reading made
     every row of an hour-long run carry the load of its first minute)."""
@@ -152,6 +151,7 @@ def test_each_row_records_its_own_load(tmp_path, tiny_draft, tiny_target, monkey
     assert r.exit_code == 0, r.output
     loads = [row["load_avg"] for row in rows_of(out)]
     assert len(loads) == 3 and len(set(loads)) == 3 and loads == sorted(loads)
+
 
 def test_generate_json_carries_provenance(tiny_draft, tiny_target):
     r = invoke("generate", "Hello", "--draft", tiny_draft, "--target", tiny_target, *FAST, "--threads", 2, "--json")

@@ -27,6 +27,7 @@ from ..engine.pair import open_models
 from ..engine.runtime import LoadOptions
 from ..errors import ConfigError
 from .prompt import build_messages
+from .report import latest_rows
 from .rerun import logits_after, plan_rerun, row_config
 from .schema import row_model_sha
 
@@ -101,14 +102,10 @@ def plan_parted(rows: Sequence[dict], method: str, baseline: str = "target", pai
     if pair is None and len(pairs_seen) > 1:
         raise ConfigError(f"the rows of {method!r} and {baseline!r} are on pairs {', '.join(sorted(pairs_seen))}: "
                           "choose one with --pair")
-    last: dict[tuple[str, str], dict] = {}
-    order: list[str] = []
-    for r in rows:
-        if r["method"] in (method, baseline) and (pair is None or r["pair"] == pair):
-            if r["qid"] not in order:
-                order.append(r["qid"])
-            last[(r["qid"], r["method"])] = r  # a re-run row replaces the one before it
-    pairs = [(last[(q, method)], last[(q, baseline)]) for q in order
+    wanted = [r for r in rows if r["method"] in (method, baseline) and (pair is None or r["pair"] == pair)]
+    # the rows bench report compares: a re-run row replaces the one before it
+    last = {(r["qid"], r["method"]): r for r in latest_rows(wanted)[0]}
+    pairs = [(last[(q, method)], last[(q, baseline)]) for q in dict.fromkeys(r["qid"] for r in wanted)
              if (q, method) in last and (q, baseline) in last]
     for name, m in (("--method", method), ("--against", baseline)):
         if not any(r["method"] == m for r in rows):
@@ -118,7 +115,6 @@ def plan_parted(rows: Sequence[dict], method: str, baseline: str = "target", pai
         raise ConfigError(f"no problem has rows of both {method!r} and {baseline!r}")
     if limit is not None:
         pairs = pairs[:limit]
-    notes = []
     shas = {row_model_sha(r, "target") for pr in pairs for r in pr}
     if len(shas) > 1:
         raise ConfigError("the rows record different target files: their texts would part for that reason alone")
@@ -131,8 +127,7 @@ def plan_parted(rows: Sequence[dict], method: str, baseline: str = "target", pai
                           "`bench parted` compares recorded tokens")
     # the baseline row's file and llama.cpp settings (what it was decoded with)
     plan = plan_rerun(rows, pairs[0][1]["qid"], baseline, pair, target=target)
-    notes.extend(plan.notes)
-    return PartedPlan(method, baseline, pairs, plan.target, plan.target_opts, notes)
+    return PartedPlan(method, baseline, pairs, plan.target, plan.target_opts, list(plan.notes))
 
 
 def explain(plan: PartedPlan) -> Iterator[Parting]:
@@ -140,6 +135,10 @@ def explain(plan: PartedPlan) -> Iterator[Parting]:
     models = open_models(None, plan.target, plan.target_opts)
     with models:
         t = models.target
+
+        def piece(x: int | None) -> str:
+            return "" if x is None else t.vocab.token_to_piece(x).decode("utf-8", errors="replace")
+
         for row, base in plan.pairs:
             a, b = row["completion_tokens"], base["completion_tokens"]
             k = first_difference(a, b)
@@ -150,10 +149,6 @@ def explain(plan: PartedPlan) -> Iterator[Parting]:
                 continue
             tok = a[k] if k < len(a) else None
             btok = b[k] if k < len(b) else None
-
-            def piece(x: int | None) -> str:
-                return "" if x is None else t.vocab.token_to_piece(x).decode("utf-8", errors="replace")
-
             if tok is None or btok is None:
                 yield Parting(row["qid"], k, tok, btok, piece(tok), piece(btok), LENGTH, None, changed, correct)
                 continue
