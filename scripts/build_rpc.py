@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_speed import default_build_root, find_source  # noqa: E402  (one way to get the sources)
 
-from easd_local import rpc  # noqa: E402
+from easd_local.engine import rpc  # noqa: E402
 
 DEFAULT_PORT = 50052  # llama.cpp rpc-server's default
 
