@@ -153,3 +153,46 @@ def test_a_bad_load_avg_is_refused(bad):
     row = _row("target", 0, correct=True, extracted="1", stop="eos")
     with pytest.raises(ConfigError, match="load_avg"):
         validate_row({**row, "load_avg": bad}, "r.jsonl line 1")
+
+
+def test_loop_period_finds_a_repeating_tail_and_nothing_else():
+    import random
+
+    from easd_local.bench.loops import loop_period
+
+    rng = random.Random(3)
+    prose = [rng.randrange(1000) for _ in range(600)]
+    cycle = [rng.randrange(1000) for _ in range(44)]
+    assert loop_period(prose) is None
+    assert loop_period(prose + cycle * 10) == 44
+    assert loop_period(prose + cycle * 10 + cycle[:7]) == 44  # cut off mid-cycle, as max tokens does
+    assert loop_period(prose + cycle * 4) is None  # 176 tokens of repetition: too short to call a loop
+    assert loop_period(prose + [5] * 250) == 1
+    long_cycle = [rng.randrange(1000) for _ in range(120)]
+    assert loop_period(prose + long_cycle * 3) == 120
+    assert loop_period(prose + long_cycle * 2) is None  # twice is not yet a loop
+    # one stray token inside the tail breaks it
+    tail = cycle * 10
+    tail[-100] = -1
+    assert loop_period(prose + tail) is None
+    assert loop_period([]) is None
+
+
+def test_truncated_rows_in_a_loop_are_told_apart():
+    import random
+
+    rng = random.Random(4)
+    prose = [rng.randrange(1000) for _ in range(300)]
+    cycle = [rng.randrange(1000) for _ in range(30)]
+    rows = [_row("target", i, correct=False, extracted=None, stop="length") for i in range(3)]
+    rows[0]["completion_tokens"] = prose + cycle * 8  # a loop
+    rows[1]["completion_tokens"] = prose  # still going somewhere when cut off
+    rows += [_row("target", 3, correct=True, extracted="1", stop="eos")]
+    rows[-1]["completion_tokens"] = prose + cycle * 8  # repeats, but it finished: not counted
+    for r in rows:
+        validate_row(r)
+    (g,) = summarize(rows)
+    (m,) = g.methods
+    assert (m.truncated, m.looping) == (3, 1)  # rows[2] records no token ids: not called a loop
+    assert flags_text(m) == "3/4 truncated (1 looping), 3/4 no answer extracted"
+    assert "25.0% (1) · 3/4 truncated (1 looping)" in render_markdown([g])

@@ -49,6 +49,7 @@ from ..errors import ConfigError
 from ..engine.decoding import Stats
 from ..engine.modes import MODE_TABLE, MODES
 from ..store.provenance import UNKNOWN_ENV
+from .loops import is_looping
 from .schema import row_env, row_env_id, row_model_sha, validate_row
 from .stats import mcnemar_exact, wilson_interval
 
@@ -144,6 +145,7 @@ class MethodSummary:
     load_median: float | None = None  # median 1-minute load average as its rows finished
     load_rows: int = 0  # rows that record one (rows written before 2026-12-04 do not)
     truncated: int = 0  # rows that stopped on length or context, not at an end of generation
+    looping: int = 0  # of those, rows whose tail repeats one span over and over (loops.py)
     no_answer: int = 0  # rows from which the grader extracted no answer
     vs_sd: PairedComparison | None = None
     vs_target: PairedComparison | None = None
@@ -251,6 +253,7 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
         load_median=statistics.median(loads) if loads else None,
         load_rows=len(loads),
         truncated=sum(1 for r in rows if r["stats"].get("stop_reason") in ("length", "context")),
+        looping=sum(1 for r in rows if is_looping(r)),
         no_answer=sum(1 for r in rows if r.get("extracted") in (None, "")),
     )
 
@@ -412,7 +415,8 @@ def flags_text(m: MethodSummary) -> str:
     """Why an accuracy may mean little: '4/4 truncated, 4/4 no answer extracted' ('' if none)."""
     parts = []
     if m.truncated:
-        parts.append(f"{m.truncated}/{m.n} truncated")
+        loops = f" ({m.looping} looping)" if m.looping else ""
+        parts.append(f"{m.truncated}/{m.n} truncated{loops}")
     if m.no_answer:
         parts.append(f"{m.no_answer}/{m.n} no answer extracted")
     return ", ".join(parts)
@@ -556,8 +560,9 @@ _COLUMNS = (
 
 NOTES = (
     TOKENS_PER_S_NOTE + ". accept = Σ accepted draft tokens / Σ drafted. "
-    "accuracy flags rows that stopped at max tokens or context (truncated) or gave the grader nothing to "
-    "extract (no answer extracted). tok/verify = tokens committed per target verify call. fires/100 tok = EASD gate fires "
+    "accuracy flags rows that stopped at max tokens or context (truncated; looping: its last 200 or more "
+    "tokens repeat one span of at most 256 tokens three or more times, a loop that more tokens would only "
+    "lengthen) or gave the grader nothing to extract (no answer extracted). tok/verify = tokens committed per target verify call. fires/100 tok = EASD gate fires "
     "per 100 generated tokens. gate near-tie = share of gate decisions (fired or not) that a 0.05-nat change "
     "of an entropy could flip. time % = share of wall time in draft / target (verify) / "
     "controller. W/L = questions this method got right and the baseline wrong / the reverse, "
