@@ -32,8 +32,11 @@ def loop_period(tokens: Sequence[int], max_period: int = MAX_PERIOD, min_span: i
     return None
 
 
+def is_truncated(row: dict) -> bool:
+    """A row that stopped at max tokens or the context, not at an end of generation."""
+    return row["stats"].get("stop_reason") in ("length", "context")
+
+
 def is_looping(row: dict) -> bool:
-    """A row that stopped on length or context with a looping tail (rows without token ids: False)."""
-    if row["stats"].get("stop_reason") not in ("length", "context"):
-        return False
-    return loop_period(row.get("completion_tokens") or []) is not None
+    """A truncated row with a looping tail (rows without token ids: False)."""
+    return is_truncated(row) and loop_period(row.get("completion_tokens") or []) is not None

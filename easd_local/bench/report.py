@@ -49,7 +49,7 @@ from ..errors import ConfigError
 from ..engine.decoding import Stats
 from ..engine.modes import MODE_TABLE, MODES
 from ..store.provenance import UNKNOWN_ENV
-from .loops import is_looping
+from .loops import is_looping, is_truncated
 from .schema import row_env, row_env_id, row_model_sha, validate_row
 from .stats import mcnemar_exact, wilson_interval
 
@@ -252,7 +252,7 @@ def _summarize_method(method: str, rows: list[dict]) -> MethodSummary:
         stop_reasons=dict(Counter(r["stats"]["stop_reason"] or "?" for r in rows)),
         load_median=statistics.median(loads) if loads else None,
         load_rows=len(loads),
-        truncated=sum(1 for r in rows if r["stats"].get("stop_reason") in ("length", "context")),
+        truncated=sum(1 for r in rows if is_truncated(r)),
         looping=sum(1 for r in rows if is_looping(r)),
         no_answer=sum(1 for r in rows if r.get("extracted") in (None, "")),
     )
