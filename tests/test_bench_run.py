@@ -207,6 +207,18 @@ def test_custom_jsonl_dataset(tmp_path, tiny_draft, tiny_target):
     assert r.exit_code == 2 and "needs question_key and answer_key" in r.output
 
 
+def test_qid_runs_only_the_named_problems(tmp_path, tiny_target):
+    out = tmp_path / "r.jsonl"
+    r = bench("--dataset", "gsm8k", "--qid", "gsm8k-test-00005,gsm8k-test-00001", "--qid", "gsm8k-test-00009",
+              "--modes", "target", "--target", tiny_target, *FAST, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert [row["qid"] for row in rows_of(out)] == ["gsm8k-test-00001", "gsm8k-test-00005", "gsm8k-test-00009"]
+    r = bench("--dataset", "gsm8k", "--qid", "gsm8k-test-1", "--modes", "target", "--target", tiny_target, *FAST,
+              "--out", tmp_path / "x.jsonl")
+    assert r.exit_code == 2 and "--qid gsm8k-test-1: not a problem of gsm8k" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "x.jsonl").exists()
+
+
 def test_missing_dataset_or_out():
     assert "--dataset is missing" in bench("--out", "x.jsonl").output
     r = bench("--dataset", "gsm8k")

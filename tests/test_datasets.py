@@ -81,6 +81,21 @@ def test_offset_limit_and_sample_are_reproducible():
     assert load_dataset("aime24", offset=30) == []
 
 
+def test_qids_select_named_problems_in_file_order():
+    got = load_dataset("gsm8k", qids=["gsm8k-test-00012", " gsm8k-test-00003", ""])
+    assert [p.qid for p in got] == ["gsm8k-test-00003", "gsm8k-test-00012"]
+    # the selection is taken from the --offset/--limit slice, then --sample draws from it
+    assert [p.qid for p in load_dataset("gsm8k", offset=3, limit=1, qids=["gsm8k-test-00003"])] == ["gsm8k-test-00003"]
+    assert len(load_dataset("gsm8k", qids=[f"gsm8k-test-{i:05d}" for i in range(9)], sample=2, seed=1)) == 2
+    # a name outside the slice or a typo is an error, never a silently smaller run
+    with pytest.raises(ConfigError, match=r"--qid gsm8k-test-00012: not a problem of gsm8k .*slice .*gsm8k-test-00000"):
+        load_dataset("gsm8k", limit=5, qids=["gsm8k-test-00012"])
+    with pytest.raises(ConfigError, match="and 1 more"):
+        load_dataset("gsm8k", qids=["a", "b", "c", "d"])
+    with pytest.raises(ConfigError, match="names no problem"):
+        load_dataset("gsm8k", qids=[" "])
+
+
 def _write(tmp_path, name, lines):
     path = tmp_path / name
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")

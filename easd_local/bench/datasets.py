@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
 from ..engine.text import check_text
@@ -183,12 +183,15 @@ def load_dataset(
     offset: int = 0,
     sample: int | None = None,
     seed: int = 0,
+    qids: Sequence[str] | None = None,
 ) -> list[Problem]:
     """Load problems from a preset name or a JSONL path.
 
-    ``offset``/``limit`` slice the file's rows first; ``sample`` then draws that many
-    problems from the slice with ``random.Random(seed)`` (all of them when the slice is
-    smaller) and returns them sorted by index, so the same seed always gives the same set.
+    ``offset``/``limit`` slice the file's rows first; ``qids`` then keeps only the named
+    problems of the slice (in file order; a name not in the slice is a ConfigError, so a typo
+    never runs an empty or partial set); ``sample`` then draws that many problems with
+    ``random.Random(seed)`` (all of them when fewer) and returns them sorted by index, so
+    the same seed always gives the same set.
     Question/answer keys and grader given with a preset override the preset's.
     """
     _check_int("offset", offset, 0)
@@ -263,6 +266,21 @@ def load_dataset(
 
     stop = None if limit is None else offset + limit
     problems = problems[offset:stop]
+    if qids is not None:
+        problems = _select_qids(problems, qids, source)
     if sample is not None and sample < len(problems):
         problems = sorted(random.Random(seed).sample(problems, sample), key=lambda p: p.index)
     return problems
+
+
+def _select_qids(problems: list[Problem], qids: Sequence[str], source: str) -> list[Problem]:
+    wanted = {q.strip() for q in qids if q.strip()}
+    if not wanted:
+        raise ConfigError("--qid names no problem (give ids such as the qid field of a results row)")
+    present = {p.qid for p in problems}
+    unknown = sorted(wanted - present)
+    if unknown:
+        shown = ", ".join(unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        example = f" (its ids look like {problems[0].qid})" if problems else ""
+        raise ConfigError(f"--qid {shown}: not a problem of {source} in the --offset/--limit slice{example}")
+    return [p for p in problems if p.qid in wanted]

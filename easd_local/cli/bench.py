@@ -64,6 +64,10 @@ LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="Use N problems
 OffsetOpt = Annotated[int, typer.Option("--offset", help="Skip the first N problems.", rich_help_panel=P_DATA)]
 SampleOpt = Annotated[Optional[int], typer.Option(
     "--sample", help="Draw N problems at random (with --seed) from the --offset/--limit slice (default: none, in order).", rich_help_panel=P_DATA)]
+QidsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--qid", metavar="QID[,QID...]",
+    help="Only these problems of the --offset/--limit slice (the qid field of a results row, e.g. gsm8k-test-00007; "
+    "comma-separated or repeated; default: all).", rich_help_panel=P_DATA)]
 BenchSeedOpt = Annotated[Optional[int], typer.Option(
     "--seed", help="Seed for --sample and for sampling when --temperature > 0 (default 0).", rich_help_panel=P_DATA)]
 
@@ -183,7 +187,7 @@ def _need_matplotlib(plot: Path | None) -> None:
 
 
 def _run(
-    dataset, question_key, answer_key, grader, limit, offset, sample, seed, modes, easd_config, sweep,
+    dataset, question_key, answer_key, grader, limit, offset, sample, seed, qids, modes, easd_config, sweep,
     pair, draft, target, yes, out, resume, strict_env, max_tokens, temperature, top_k, top_p, gamma, draft_p_min,
     top_n, overlap, tau_draft, tau_target, penalty, ctx, threads, n_gpu_layers, n_gpu_layers_draft,
     flash_attn, main_gpu, verbose, rpc=None, rpc_draft=None, tensor_split=None, parallel=None,
@@ -204,7 +208,8 @@ def _run(
                                   rpc, rpc_draft, tensor_split)
     parallel, topts, dopts = o.parallel_options(parallel, topts, dopts)
     problems = load_dataset(dataset, question_key, answer_key, grader, limit=limit, offset=offset, sample=sample,
-                            seed=0 if seed is None else seed)
+                            seed=0 if seed is None else seed,
+                            qids=None if qids is None else [q for arg in qids for q in arg.split(",")])
     if not problems:
         raise ConfigError(f"no problems selected from {dataset} (check --offset/--limit)")
     if dataset in PRESETS and PRESETS[dataset].calibration_only:
@@ -349,7 +354,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     run_params = dict(
         dataset=(DatasetOpt, None), question_key=(QKeyOpt, None), answer_key=(AKeyOpt, None),
         grader=(GraderOpt, None), limit=(LimitOpt, None), offset=(OffsetOpt, 0), sample=(SampleOpt, None),
-        seed=(BenchSeedOpt, None), modes=(ModesOpt, None), easd_config=(EasdConfigOpt, None),
+        qids=(QidsOpt, None), seed=(BenchSeedOpt, None), modes=(ModesOpt, None), easd_config=(EasdConfigOpt, None),
         sweep=(SweepOpt, None), pair=(PairsOpt, None), draft=(DraftsOpt, None), target=(TargetsOpt, None),
         yes=(_panel(o.YesOpt, P_MODELS), False), out=(OutOpt, None), resume=(ResumeOpt, False),
         strict_env=(StrictEnvOpt, False),
