@@ -20,7 +20,8 @@
 # comparison's first 300 problems, which exist), greedy sd on the same 300 problems (the
 # control that shows how much of a difference is numerical noise: it equals target but for
 # near-ties), one sampled run at temperature 0.7, then the rest of the main GSM8K comparison
-# (target vs easd-tf), MATH-500, and last sd on the rest of GSM8K.
+# (target vs easd-tf), MATH-500 (and its unfinished answers again with more tokens), and last sd
+# on the rest of GSM8K.
 set -euo pipefail
 OUT=${1:-results/study}
 mkdir -p "$OUT"
@@ -51,4 +52,12 @@ B=("${BENCH[@]}" --max-tokens 1024)
 # fit the 4,096-token context)
 "${BENCH[@]}" --dataset math500 --modes target,easd-tf --max-tokens 2048 \
     --out "$OUT/math500-greedy.jsonl"
+# 2,048 did not keep it under 1 % (the first 173 problems: 12 target rows cut off, 8 of them in a
+# loop that more tokens would only lengthen): the problems some row left unfinished while still
+# working run again, both methods, with twice the tokens and a context to hold them
+UNFINISHED=$(python3 scripts/truncated_qids.py "$OUT/math500-greedy.jsonl" --methods target,easd-tf)
+if [ -n "$UNFINISHED" ]; then
+    "${BENCH[@]}" --dataset math500 --qid "$UNFINISHED" --modes target,easd-tf --max-tokens 4096 --ctx 8192 \
+        --out "$OUT/math500-unfinished-4096.jsonl"
+fi
 "${B[@]}" --dataset gsm8k --modes sd --out "$OUT/gsm8k-greedy.jsonl"

@@ -196,3 +196,48 @@ def test_truncated_rows_in_a_loop_are_told_apart():
     assert (m.truncated, m.looping) == (3, 1)  # rows[2] records no token ids: not called a loop
     assert flags_text(m) == "3/4 truncated (1 looping), 3/4 no answer extracted"
     assert "25.0% (1) · 3/4 truncated (1 looping)" in render_markdown([g])
+
+
+def test_study_reruns_only_the_problems_cut_off_while_still_working(tmp_path, capsys):
+    """scripts/truncated_qids.py picks the problems a larger max tokens could change: some row
+    stopped on length without a loop; a looping or finished row does not pick its problem."""
+    import importlib.util
+    import json
+    import random
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "truncated_qids", Path(__file__).resolve().parents[1] / "scripts" / "truncated_qids.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    rng = random.Random(5)
+    prose = [rng.randrange(1000) for _ in range(300)]
+    loop = prose + [rng.randrange(1000) for _ in range(30)] * 8
+    rows = []
+    for i, (target_stop, target_tokens, other_stop, other_tokens) in enumerate([
+            ("eos", prose, "eos", prose),  # 0: both finished
+            ("length", loop, "eos", prose),  # 1: target loops: not picked unless --with-looping
+            ("eos", prose, "length", prose),  # 2: easd-tf cut off while working
+            ("length", prose, "length", loop),  # 3: target cut off while working
+            ("length", prose, "eos", prose)]):  # 4: cut off, but only in a superseded row
+        for method, stop, tokens in (("target", target_stop, target_tokens), ("easd-tf", other_stop, other_tokens)):
+            row = _row(method, i, correct=False, extracted=None, stop=stop)
+            row["completion_tokens"] = tokens
+            rows.append(row)
+    rows.append(_row("target", 4, correct=True, extracted="1", stop="eos"))  # a later rerun of 4's target row
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(validate_row(r)) + "\n" for r in reversed(rows[:2])) +
+                    "".join(json.dumps(r) + "\n" for r in rows[2:]), encoding="utf-8")
+
+    def qids(*args):
+        assert script.main([str(path), *args]) == 0
+        return capsys.readouterr().out.strip()
+
+    assert qids() == "gsm8k-test-00002,gsm8k-test-00003"
+    assert qids("--with-looping") == "gsm8k-test-00001,gsm8k-test-00002,gsm8k-test-00003"
+    assert qids("--methods", "target") == "gsm8k-test-00003"
+    assert qids("--methods", "target", "--with-looping") == "gsm8k-test-00001,gsm8k-test-00003"
+    assert script.main([str(path), "--methods", "sd"]) == 2
+    assert "no rows of method sd" in capsys.readouterr().err
+    assert script.main([str(tmp_path / "missing.jsonl")]) == 2
