@@ -46,3 +46,11 @@ report gsm8k-greedy.jsonl gsm8k300-sensitivity target,easd-tf,tf-p75,tf-p95,tf-p
 report math500-greedy.jsonl math500-greedy target,easd-tf
 report gsm8k300-t07.jsonl gsm8k300-t07 target,easd-tf
 report math500-unfinished-4096.jsonl math500-unfinished-4096 target,easd-tf
+# MATH-500 whole: the 2,048-token rows, where a problem was re-run at 4,096 its re-run rows instead
+if [[ -f $DIR/math500-unfinished-4096.jsonl && $(present "$DIR/math500-unfinished-4096.jsonl" target,easd-tf) == *,* ]]; then
+    echo "== math500-final: target,easd-tf"
+    easd-local bench report "$DIR/math500-greedy.jsonl" "$DIR/math500-unfinished-4096.jsonl" --methods target,easd-tf \
+        --common --markdown "$DIR/math500-final.md" --plot "$DIR/math500-final.png"
+else
+    echo "skip math500-final: no target and easd-tf rows in $DIR/math500-unfinished-4096.jsonl yet"
+fi

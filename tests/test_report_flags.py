@@ -241,3 +241,38 @@ def test_study_reruns_only_the_problems_cut_off_while_still_working(tmp_path, ca
     assert script.main([str(path), "--methods", "sd"]) == 2
     assert "no rows of method sd" in capsys.readouterr().err
     assert script.main([str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_several_results_files_report_as_one_later_rows_replacing(tmp_path):
+    """MATH-500's unfinished problems re-run with more tokens: reported with the first run's
+    file, their rows replace the cut-off ones (the title says so and that max tokens varies)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from easd_local.cli import app
+
+    first = [_row(m, i, correct=i == 0, extracted=None if i == 2 else "1", stop="length" if i == 2 else "eos")
+             for m in ("target", "easd") for i in range(3)]
+    again = [_row(m, 2, correct=m == "target", extracted="1", stop="eos", config={"max_tokens": 128})
+             for m in ("target", "easd")]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for path, rows in ((a, first), (b, again)):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+    def report(*files):
+        md = tmp_path / "r.md"
+        r = CliRunner().invoke(app, ["bench", "report", *map(str, files), "--markdown", str(md)])
+        assert r.exit_code == 0, r.output
+        return md.read_text(encoding="utf-8")
+
+    both = report(a, b)
+    assert "3 questions · greedy · max tokens varies · gamma 4, 2 superseded rows" in both
+    assert "| target | 3 | 66.7% (2) |" in both and "| easd | 3 | 33.3% (1) |" in both
+    assert f"files: {a}, {b} (a later file's row replaces" in both
+    # the order decides: the first run's rows given last win again
+    assert "| target | 3 | 33.3% (1) · 1/3 truncated, 1/3 no answer extracted |" in report(b, a)
+    alone = report(a)
+    assert "files:" not in alone and "superseded" not in alone and "max 64 tokens" in alone
+    r = CliRunner().invoke(app, ["bench", "report", str(a), str(tmp_path / "missing.jsonl")])
+    assert r.exit_code == 2 and "missing.jsonl" in r.output and "Traceback" not in r.output

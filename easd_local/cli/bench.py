@@ -13,7 +13,7 @@ import importlib.util
 import time
 import typing
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, Sequence
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -146,19 +146,25 @@ class _Accuracy:
         return ("accuracy: " + " · ".join(parts)) if parts else ""
 
 
-def print_report(path: Path, markdown: Path | None = None, plot: Path | None = None, same_env: bool = False,
+def print_report(paths: Sequence[Path], markdown: Path | None = None, plot: Path | None = None, same_env: bool = False,
                  methods: list[str] | None = None, common: bool = False) -> None:
-    results = rep.load_results(path)
-    if results.torn_lines:
-        err_console.print(
-            Text(f"note: the last line of {path} was cut off mid-write (the run was killed) and is skipped; "
-                 "rerun the benchmark with --resume to redo that row", style="yellow")
-        )
+    # several files report as one, in the order given: a later file's row for the same problem,
+    # method and pair replaces an earlier one's (a re-run of some problems with other settings)
+    results: list[dict] = []
+    for path in paths:
+        loaded = rep.load_results(path)
+        if loaded.torn_lines:
+            err_console.print(
+                Text(f"note: the last line of {path} was cut off mid-write (the run was killed) and is skipped; "
+                     "rerun the benchmark with --resume to redo that row", style="yellow")
+            )
+        results += loaded
+    names = ", ".join(map(str, paths))
     rows = rep.select_rows(results, methods=methods, common=common)
     summaries = rep.summarize(rows, same_env=same_env)
     if not summaries:
-        console.print(Text(f"{path}: no results yet" if not results else
-                           f"{path}: no problem was answered by every method shown (--common)"))
+        console.print(Text(f"{names}: no results yet" if not results else
+                           f"{names}: no problem was answered by every method shown (--common)"))
     # a log file or pipe gets whole tables rather than 80 columns of ellipses
     out = console if console.is_terminal else Console(highlight=False, width=max(console.width, 200))
     env_note = rep.env_lines(rep.environments(rep.latest_rows(rows)[0]), same_env)
@@ -171,7 +177,8 @@ def print_report(path: Path, markdown: Path | None = None, plot: Path | None = N
         out.print(Text(f"note: {line}"))
     if markdown is not None:
         try:
-            shown = ([f"methods shown: {', '.join(methods)}"] if methods else []) + (
+            shown = ([f"files: {names} (a later file's row replaces an earlier one's for the same problem and method)"]
+                     if len(paths) > 1 else []) + ([f"methods shown: {', '.join(methods)}"] if methods else []) + (
                 ["only the problems every shown method answered (--common)"] if common else [])
             markdown.expanduser().write_text(rep.render_markdown(summaries, [*env_note, *shown], loads), encoding="utf-8")
         except OSError as exc:
@@ -241,7 +248,7 @@ def _run(
             err_console.print(Text(f"interrupted: {len(results.rows)} rows are saved in {out}; "
                                    "rerun with --resume to continue"))
             raise typer.Exit(130) from None
-    print_report(out)
+    print_report([out])
     _summarize_skips(skips)
 
 
@@ -347,7 +354,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         name="bench",
         invoke_without_command=True,
         rich_markup_mode="rich",
-        subcommand_metavar="[report RESULTS | rerun RESULTS --qid Q --method M | parted RESULTS --method M]",
+        subcommand_metavar="[report RESULTS... | rerun RESULTS --qid Q --method M | parted RESULTS --method M]",
     )
     app.add_typer(bench_app, name="bench")
 
@@ -407,14 +414,14 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @bench_app.command("report")
     @friendly
     def report(
-        results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
+        results: Annotated[list[Path], typer.Argument(metavar="RESULTS...", help="Results files written by 'easd-local bench --out'; several report as one, a later file's row replacing an earlier one's for the same problem, method and pair.")],
         markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the tables as Markdown to this file (default: none).")] = None,
         plot: Annotated[Optional[Path], typer.Option("--plot", help="Also plot accuracy against tokens/s to this PNG (needs matplotlib; default: none).")] = None,
         same_env: Annotated[bool, typer.Option("--same-env", help="Paired wins/losses only on problems whose two rows come from one environment (same llama.cpp build, threads, batch sizes, machine...).")] = False,
         methods: Annotated[Optional[str], typer.Option("--methods", metavar="M1,M2,...", help="Only these methods (the rows' method names, comma-separated; default: all).")] = None,
         common: Annotated[bool, typer.Option("--common", help="Only the problems every shown method answered, so that each accuracy is taken on the same problems.")] = False,
     ) -> None:
-        """Summarise a results file: accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares. Says first when the rows come from more than one environment."""
+        """Summarise results files (several as one): accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares. Says first when the rows come from more than one environment."""
         _need_matplotlib(plot)
         names = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
         if names is not None and not names:
@@ -424,7 +431,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @bench_app.command("rerun")
     @friendly
     def rerun(
-        results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
+        results: Annotated[list[Path], typer.Argument(metavar="RESULTS...", help="Results files written by 'easd-local bench --out'; several report as one, a later file's row replacing an earlier one's for the same problem, method and pair.")],
         qid: Annotated[str, typer.Option("--qid", help="The problem's id (the row's qid).")],
         method: Annotated[str, typer.Option("--method", help="The row's method (e.g. target, easd-tf, easd\\[tau_target=1.5]).")],
         pair: Annotated[Optional[str], typer.Option("--pair", help="The row's pair, when the file has several (default: the only one).")] = None,
@@ -438,7 +445,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @bench_app.command("parted")
     @friendly
     def parted(
-        results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
+        results: Annotated[list[Path], typer.Argument(metavar="RESULTS...", help="Results files written by 'easd-local bench --out'; several report as one, a later file's row replacing an earlier one's for the same problem, method and pair.")],
         method: Annotated[str, typer.Option("--method", help="A lossless greedy method of the file (e.g. sd).")],
         against: Annotated[str, typer.Option("--against", help="The method it should equal (default target).")] = "target",
         pair: Annotated[Optional[str], typer.Option("--pair", help="The rows' pair, when the file has several (default: the only one).")] = None,
