@@ -64,7 +64,7 @@ def test_three_problems_three_modes(tmp_path, tiny_draft, tiny_target):
     assert [(r["qid"], r["method"]) for r in rows] == [
         (f"gsm8k-test-{i:05d}", m) for i in range(3) for m in ("target", "sd", "easd")]
     for row in rows:
-        assert row["dataset"] == "gsm8k" and row["pair"] == pair
+        assert row["dataset"] == "gsm8k" and row["pair"] == pair and row["grader"] == "numeric"
         s = row["stats"]
         assert s["tokens"] == 12 and s["mode"] == row["method"] == row["config"]["mode"]
         assert row["config"]["max_tokens"] == 12 and row["config"]["temperature"] == 0.0

@@ -233,6 +233,24 @@ def test_normalize_math_examples():
     assert normalize_math(".35625") == "0.35625"
 
 
+def test_expressions_in_one_letter_variables_compare_by_value():
+    # a MATH-500 row (intermediate_algebra-431) the grader once failed: the same factors swapped
+    assert answers_match("(b + 2)(a + 5)", "(a+5)(b+2)", "math")
+    assert answers_match("-1+x-x^2+x^3-x^4+x^5", "x^5 - x^4 + x^3 - x^2 + x - 1", "math")
+    assert answers_match("-5i+6", "6 - 5i", "math")
+    assert answers_match("2 n", "2n", "math")
+    # only rearrangements: equal in value is not enough where the question's own expression
+    # (unfactored, unsimplified) would be its answer's equal
+    for wrong, gold in [("x^2-1", "(x+1)(x-1)"), ("ab+2a+5b+10", "(a+5)(b+2)"),
+                        ("\\frac{x+1}{2}", "\\frac{1}{2}x+\\frac12"),
+                        ("(a+5)(b+3)", "(a+5)(b+2)"), ("x^3 + 4x - 6", "x^3+3x-6"),
+                        ("x^5 - x^4 - x^3 - x^2 - x - 1", "x^5 - x^4 + x^3 - x^2 + x - 1"),
+                        ("3+9i", "6+9i"), ("-\\frac{1}{2} q", "p - q"), ("x", "y"),
+                        ("\\text{seat}", "\\text{East}"),  # words are not products of letters
+                        ("\\sec x \\csc x", "\\cot x")]:  # other commands are not evaluated
+        assert not answers_match(wrong, gold, "math"), (wrong, gold)
+
+
 def test_unknown_grader_is_rejected():
     with pytest.raises(ValueError):
         is_correct("\\boxed{1}", "1", "fuzzy")

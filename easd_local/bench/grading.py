@@ -14,8 +14,10 @@ Two graders:
     sides are normalised (``\\left``/``\\right``, ``\\dfrac``→``\\frac``, ``\\text{}``
     unwrapped, degrees, ``\\%``, ``$``, spacing commands, trailing ``.``, ...) and compared
     as strings; failing that, as numbers when both are constants (fractions, ``\\sqrt``,
-    ``\\pi`` and + - * / ^ are evaluated); tuples, intervals, sets, unions, comma lists and
-    ``pmatrix`` vectors are compared element by element.
+    ``\\pi`` and + - * / ^ are evaluated), or, for expressions in one-letter variables, as
+    rearrangements: the same numbers and variables in another order that agree at several fixed
+    points (``(b+2)(a+5)`` for ``(a+5)(b+2)``, but not ``x^2-1`` for ``(x+1)(x-1)``); tuples, intervals, sets,
+    unions, comma lists and ``pmatrix`` vectors are compared element by element.
 
 Public API: :func:`extract_answer`, :func:`is_correct`, :func:`answers_match`,
 :func:`normalize_math`, :func:`last_boxed`.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from collections import Counter
 from fractions import Fraction
 
 GRADERS = ("numeric", "math")
@@ -202,13 +205,15 @@ class _EvalError(Exception):
     pass
 
 
-_TOKEN_RE = re.compile(r"\d+(?:\.\d*)?|\.\d+|\\[A-Za-z]+|[-+*/^(){}\[\]]")
+_TOKEN_RE = re.compile(r"\d+(?:\.\d*)?|\.\d+|\\[A-Za-z]+|[A-Za-z]|[-+*/^(){}\[\]]")
 
 
 class _Evaluator:
-    """Tiny recursive-descent evaluator for constant LaTeX arithmetic (no variables)."""
+    """Tiny recursive-descent evaluator for LaTeX arithmetic: constants, and one-letter
+    variables where ``values`` gives them."""
 
-    def __init__(self, s: str) -> None:
+    def __init__(self, s: str, values: dict[str, float] | None = None) -> None:
+        self.values = values or {}
         pos = 0
         toks: list[str] = []
         for m in _TOKEN_RE.finditer(s):
@@ -248,7 +253,7 @@ class _Evaluator:
     def _starts_atom(self, tok: str | None) -> bool:
         if tok is None:
             return False
-        return tok[0].isdigit() or tok[0] == "." or tok in ("(", "{", "\\frac", "\\sqrt", "\\pi")
+        return tok[0].isdigit() or tok[0] == "." or tok in ("(", "{", "\\frac", "\\sqrt", "\\pi") or tok in self.values
 
     def term(self) -> float:
         value = self.unary()
@@ -348,6 +353,9 @@ class _Evaluator:
         if tok == "\\pi":
             self.take()
             return math.pi
+        if tok in self.values:
+            self.take()
+            return self.values[tok]
         raise _EvalError(tok)
 
 
@@ -377,6 +385,47 @@ def _const_value(s: str) -> float | None:
     if not math.isfinite(v):
         return None
     return v
+
+
+# Points at which two expressions in the same variables must agree: irrational-looking, so
+# that distinct polynomials or rational functions of a few variables agree at all of them
+# only by a coincidence far below the tolerance; positive, so that \\sqrt of a variable is real.
+_POINTS = ((1.3719, 2.2537, 0.6143, 3.0917), (0.8291, 1.7723, 2.9411, 1.1537), (2.4173, 0.5309, 1.8861, 2.7311))
+_SUPPORTED_COMMANDS_RE = re.compile(r"\\(?:frac|sqrt|pi)(?![A-Za-z])")
+
+
+def _variables(s: str) -> list[str] | None:
+    """The one-letter variables of an expression, or None when it has none or is not one:
+    two letters side by side are a word or a function name (``\\text{seat}`` must not
+    equal ``east``), and any other command is not evaluated."""
+    bare = _SUPPORTED_COMMANDS_RE.sub(" ", s)
+    if "\\" in bare or "=" in bare or re.search(r"[A-Za-z]{2}", bare):
+        return None
+    names = sorted(set(re.findall(r"[A-Za-z]", bare)))
+    return names if 0 < len(names) <= len(_POINTS[0]) else None
+
+
+def _atoms(s: str) -> Counter:
+    return Counter(t for t in _TOKEN_RE.findall(s) if t[0].isalnum() or t[0] in ".\\")
+
+
+def _same_expression(a: str, b: str) -> bool:
+    """Two expressions in one-letter variables made of the same numbers, variables and
+    commands, in another order, that agree at every point of _POINTS. Only rearrangements:
+    an answer that restates a "factor" or "simplify" question's own expression equals its
+    gold in value but is not its answer."""
+    names = _variables(a)
+    if names is None or names != _variables(b) or len(a) > 200 or len(b) > 200 or _atoms(a) != _atoms(b):
+        return False
+    for point in _POINTS:
+        values = dict(zip(names, point))
+        try:
+            va, vb = _Evaluator(a, values).parse(), _Evaluator(b, values).parse()
+        except (_EvalError, RecursionError, OverflowError, ValueError, ZeroDivisionError):
+            return False
+        if not (math.isfinite(va) and math.isfinite(vb)) or not math.isclose(va, vb, rel_tol=REL_TOL, abs_tol=ABS_TOL):
+            return False
+    return True
 
 
 def _close(a: float, b: float) -> bool:
@@ -528,7 +577,7 @@ def _equiv(a: str, b: str, depth: int = 0) -> bool:
     sa, sb = _strip_var(a), _strip_var(b)
     if (sa, sb) != (a, b):
         return _equiv(sa, sb, depth + 1)
-    return False
+    return _same_expression(a, b)
 
 
 # ---------------------------------------------------------------- numeric grader

@@ -557,7 +557,7 @@ def _run_method(sched: Scheduler, pr: PairMethods, run: MethodRun, items, prov: 
                 completion=ev.text, extracted=extracted, correct=correct,
                 # to_dict: strict JSON, a gate that is off (tau inf) stored as "inf"
                 stats={**ev.stats.to_dict(), **margin.to_stats()}, provenance=prov, completion_tokens=ev.tokens,
-                rng_seed=seed, load_avg=provenance.load_average(),
+                rng_seed=seed, load_avg=provenance.load_average(), grader=prob.grader,
             )
             out.append(row)
             yield RowDone(row)

@@ -98,6 +98,8 @@ OPTIONAL_TOP_FIELDS: dict[str, tuple[type, ...]] = {
     "provenance": (dict,),
     "completion_tokens": (list,),
     "load_avg": (float, int),
+    "grader": (str,),  # the grader that marked the row (rows written since 2026-12-05, and regraded ones)
+    "regraded": (dict,),  # bench regrade: the code version and what the row held before
 }
 
 
@@ -192,6 +194,7 @@ def make_row(
     completion_tokens: list[int] | None = None,
     rng_seed: int | None = None,
     load_avg: float | None = None,
+    grader: str | None = None,
 ) -> dict[str, Any]:
     """Build and validate a row; stats fields not given default to 0 ("" for texts).
 
@@ -221,6 +224,8 @@ def make_row(
         row["rng_seed"] = int(rng_seed)
     if load_avg is not None:
         row["load_avg"] = float(load_avg)
+    if grader is not None:
+        row["grader"] = grader
     return validate_row(row)
 
 

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from ..bench import report as rep
 from ..bench import parted as parted_mod
+from ..bench import regrade as regrade_mod
 from ..bench import rerun as rerun_mod
 from ..bench import runner
 from ..engine.near_ties import ARGMAX, ARGMAX_NEAR_TIE
@@ -354,7 +355,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         name="bench",
         invoke_without_command=True,
         rich_markup_mode="rich",
-        subcommand_metavar="[report RESULTS... | rerun RESULTS --qid Q --method M | parted RESULTS --method M]",
+        subcommand_metavar="[report RESULTS... | rerun RESULTS --qid Q --method M | parted RESULTS --method M | regrade RESULTS]",
     )
     app.add_typer(bench_app, name="bench")
 
@@ -431,7 +432,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     @bench_app.command("rerun")
     @friendly
     def rerun(
-        results: Annotated[list[Path], typer.Argument(metavar="RESULTS...", help="Results files written by 'easd-local bench --out'; several report as one, a later file's row replacing an earlier one's for the same problem, method and pair.")],
+        results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
         qid: Annotated[str, typer.Option("--qid", help="The problem's id (the row's qid).")],
         method: Annotated[str, typer.Option("--method", help="The row's method (e.g. target, easd-tf, easd\\[tau_target=1.5]).")],
         pair: Annotated[Optional[str], typer.Option("--pair", help="The row's pair, when the file has several (default: the only one).")] = None,
@@ -442,10 +443,20 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         print_rerun(results, qid, method, pair, draft, target)
 
 
+    @bench_app.command("regrade")
+    @friendly
+    def regrade(
+        results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
+        grader: Annotated[Optional[str], typer.Option("--grader", help=f"For rows that do not record their grader: {' or '.join(GRADERS)} (default: the dataset preset's).")] = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Only print what would change; leave the file as it is.")] = False,
+    ) -> None:
+        """Grade every row again from its stored completion and gold with this version's grader, so that one file is graded one way after the grader was mended; print each row whose answer or verdict changes and rewrite only those (each records what it held before and the code version that regraded it). Refused while a bench run writes the file."""
+        print_regrade(results, grader, dry_run)
+
     @bench_app.command("parted")
     @friendly
     def parted(
-        results: Annotated[list[Path], typer.Argument(metavar="RESULTS...", help="Results files written by 'easd-local bench --out'; several report as one, a later file's row replacing an earlier one's for the same problem, method and pair.")],
+        results: Annotated[Path, typer.Argument(metavar="RESULTS", help="A results file written by 'easd-local bench --out'.")],
         method: Annotated[str, typer.Option("--method", help="A lossless greedy method of the file (e.g. sd).")],
         against: Annotated[str, typer.Option("--against", help="The method it should equal (default target).")] = "target",
         pair: Annotated[Optional[str], typer.Option("--pair", help="The rows' pair, when the file has several (default: the only one).")] = None,
@@ -454,6 +465,20 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     ) -> None:
         """For every problem two lossless greedy methods (sd, target) both answered, say whether their recorded texts are identical and, where they part, whether the first differing token was an argmax near-tie (the target's logit gap between the two tokens, evaluated again from the rows; no generation). Exit 1 when a text parts at a real difference (a defect of a lossless method)."""
         print_parted(results, method, against, pair, limit, target)
+
+
+def print_regrade(results: Path, grader: str | None, dry_run: bool) -> None:
+    done = regrade_mod.regrade(results, grader, write=not dry_run)
+    for c in done.changes:
+        verdict = f"{'right' if c.correct_was else 'wrong'} -> {'right' if c.correct else 'wrong'}"
+        answer = (f"answer {c.extracted!r}" if c.extracted == c.extracted_was else
+                  f"answer {c.extracted_was!r} -> {c.extracted!r}")
+        console.print(Text(f"line {c.line}: {c.qid} · {c.method} · pair {c.pair}: {answer} · {verdict}"), soft_wrap=True)
+    gained = sum(c.correct and not c.correct_was for c in done.changes)
+    lost = sum(c.correct_was and not c.correct for c in done.changes)
+    what = ("rewritten" if done.written else "unchanged (--dry-run)") if done.changes else "unchanged"
+    console.print(Text(f"{results}: {len(done.changes)} of {done.rows} rows changed ({gained} wrong -> right, "
+                       f"{lost} right -> wrong); file {what}"), soft_wrap=True)
 
 
 def print_rerun(results: Path, qid: str, method: str, pair: str | None, draft: Path | None,
