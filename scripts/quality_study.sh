@@ -53,9 +53,10 @@ B=("${BENCH[@]}" --max-tokens 1024)
 "${BENCH[@]}" --dataset math500 --modes target,easd-tf --max-tokens 2048 \
     --out "$OUT/math500-greedy.jsonl"
 # 2,048 did not keep it under 1 % (the first 173 problems: 12 target rows cut off, 8 of them in a
-# loop that more tokens would only lengthen): the problems some row left unfinished while still
-# working run again, both methods, with twice the tokens and a context to hold them
-UNFINISHED=$(python3 scripts/truncated_qids.py "$OUT/math500-greedy.jsonl" --methods target,easd-tf)
+# loop): the problems some row left unfinished while still working run again, both methods, with
+# twice the tokens and a context to hold them; and 5 problems whose cut-off rows all loop, to see
+# whether more tokens only lengthen a loop
+UNFINISHED=$(python3 scripts/truncated_qids.py "$OUT/math500-greedy.jsonl" --methods target,easd-tf --looping 5)
 if [ -n "$UNFINISHED" ]; then
     "${BENCH[@]}" --dataset math500 --qid "$UNFINISHED" --modes target,easd-tf --max-tokens 4096 --ctx 8192 \
         --out "$OUT/math500-unfinished-4096.jsonl"

@@ -217,7 +217,7 @@ def test_study_reruns_only_the_problems_cut_off_while_still_working(tmp_path, ca
     rows = []
     for i, (target_stop, target_tokens, other_stop, other_tokens) in enumerate([
             ("eos", prose, "eos", prose),  # 0: both finished
-            ("length", loop, "eos", prose),  # 1: target loops: not picked unless --with-looping
+            ("length", loop, "eos", prose),  # 1: target loops: picked only by --looping
             ("eos", prose, "length", prose),  # 2: easd-tf cut off while working
             ("length", prose, "length", loop),  # 3: target cut off while working
             ("length", prose, "eos", prose)]):  # 4: cut off, but only in a superseded row
@@ -235,9 +235,10 @@ def test_study_reruns_only_the_problems_cut_off_while_still_working(tmp_path, ca
         return capsys.readouterr().out.strip()
 
     assert qids() == "gsm8k-test-00002,gsm8k-test-00003"
-    assert qids("--with-looping") == "gsm8k-test-00001,gsm8k-test-00002,gsm8k-test-00003"
+    assert qids("--looping", "1") == "gsm8k-test-00001,gsm8k-test-00002,gsm8k-test-00003"
     assert qids("--methods", "target") == "gsm8k-test-00003"
-    assert qids("--methods", "target", "--with-looping") == "gsm8k-test-00001,gsm8k-test-00003"
+    assert qids("--methods", "target", "--looping", "5") == "gsm8k-test-00001,gsm8k-test-00003"
+    assert qids("--methods", "easd-tf", "--looping", "1") == "gsm8k-test-00002,gsm8k-test-00003"  # its 3 loops
     assert script.main([str(path), "--methods", "sd"]) == 2
     assert "no rows of method sd" in capsys.readouterr().err
     assert script.main([str(tmp_path / "missing.jsonl")]) == 2
