@@ -1,8 +1,9 @@
 """Whether a completion that ran out of tokens was stuck in a loop.
 
 Greedy decoding of a small model sometimes falls into a cycle: the same few lines, token for
-token, until max tokens. Such a row says nothing about whether max tokens was large enough: more
-tokens would only lengthen the loop. The report tells these rows apart from answers that were
+token, until max tokens. Such a row says little about whether max tokens was large enough: more
+tokens would most likely only lengthen the loop (the quality study re-runs a few such problems
+with twice the tokens to check it). The report tells these rows apart from answers that were
 still making progress when they were cut off, which a larger max tokens could have finished.
 """
 

@@ -561,8 +561,8 @@ _COLUMNS = (
 NOTES = (
     TOKENS_PER_S_NOTE + ". accept = Σ accepted draft tokens / Σ drafted. "
     "accuracy flags rows that stopped at max tokens or context (truncated; looping: its last 200 or more "
-    "tokens repeat one span of at most 256 tokens three or more times, a loop that more tokens would only "
-    "lengthen) or gave the grader nothing to extract (no answer extracted). tok/verify = tokens committed per target verify call. fires/100 tok = EASD gate fires "
+    "tokens repeat one span of at most 256 tokens three or more times, a loop that more tokens would most "
+    "likely only lengthen) or gave the grader nothing to extract (no answer extracted). tok/verify = tokens committed per target verify call. fires/100 tok = EASD gate fires "
     "per 100 generated tokens. gate near-tie = share of gate decisions (fired or not) that a 0.05-nat change "
     "of an entropy could flip. time % = share of wall time in draft / target (verify) / "
     "controller. W/L = questions this method got right and the baseline wrong / the reverse, "
