@@ -34,6 +34,7 @@ from .engine import rules
 from .engine.decoding import fits_context
 from .engine.runtime import Part
 from .errors import ConfigError
+from .jsonsafe import jsonl_lines
 from .fsutil import write_jsonl_atomic
 from .engine.text import check_text
 
@@ -199,7 +200,7 @@ def load_questions(dataset: str, question_key: str | None = None, limit: int | N
     key = question_key or "question"
     out: list[str] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = jsonl_lines(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read dataset {path}: {e}") from None
     for lineno, line in enumerate(lines, 1):

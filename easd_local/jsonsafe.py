@@ -1,5 +1,6 @@
 """Values for strict JSON, which has no Infinity or NaN: the one place that says how a
-non-finite float is written (settings such as ``tau_draft = inf`` turn the gate off)."""
+non-finite float is written (settings such as ``tau_draft = inf`` turn the gate off); and
+the one way JSON-lines text is split into lines."""
 
 from __future__ import annotations
 
@@ -24,3 +25,14 @@ def jsonable(value):
     if isinstance(value, Path):
         return str(value)
     return json_number(value)
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSON-lines text, split at "\\n" only: ``str.splitlines`` also splits at
+    U+2028, U+0085 and others, which JSON strings may hold raw (``json.dumps(...,
+    ensure_ascii=False)`` writes them so), and would cut such a row in two. A final newline
+    ends the last line rather than starting an empty one."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines

@@ -122,6 +122,14 @@ def test_user_jsonl(tmp_path):
     assert (p.dataset, p.qid) == ("bench-test", "bench-test-p-1")
 
 
+def test_user_jsonl_with_unicode_line_separators(tmp_path):
+    # raw U+2028 / U+0085 are legal inside JSON strings: they must not split a row
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"q": "one\u2028two\x85three", "a": "5"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    (p,) = load_dataset(path, question_key="q", answer_key="a")
+    assert p.question == "one\u2028two\x85three" and p.gold == "5"
+
+
 def test_errors_are_one_clear_line(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown dataset 'gsm9k'.*gsm8k, gsm8k-train, math500"):
         load_dataset("gsm9k")

@@ -277,3 +277,18 @@ def test_several_results_files_report_as_one_later_rows_replacing(tmp_path):
     assert "files:" not in alone and "superseded" not in alone and "max 64 tokens" in alone
     r = CliRunner().invoke(app, ["bench", "report", str(a), str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 2 and "missing.jsonl" in r.output and "Traceback" not in r.output
+
+
+def test_rows_holding_unicode_line_separators_load_whole(tmp_path):
+    """json.dumps(ensure_ascii=False), the writer's form, leaves U+2028, U+2029 and U+0085 raw in
+    a string; str.splitlines would cut such a row in two and call the file corrupt."""
+    import json
+
+    from easd_local.bench.report import load_results
+
+    rows = [_row("target", i, correct=True, extracted="1", stop="eos") for i in range(2)]
+    rows[0]["completion"] = "a\u2028b\u2029c\x85d\x1ce"
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    loaded = load_results(path)
+    assert len(loaded) == 2 and loaded[0]["completion"] == "a\u2028b\u2029c\x85d\x1ce"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
+from ..jsonsafe import jsonl_lines
 from ..engine.text import check_text
 
 GRADERS = ("numeric", "math")
@@ -242,7 +243,7 @@ def load_dataset(
         q_key, a_key = question_key, answer_key
         grader = grader or "numeric"
 
-    rows = _parse_rows(text.splitlines(), source)
+    rows = _parse_rows(jsonl_lines(text), source)
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     for index, (lineno, row) in enumerate(rows):

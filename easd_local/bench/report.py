@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
+from ..jsonsafe import jsonl_lines
 from ..engine.decoding import Stats
 from ..engine.modes import MODE_TABLE, MODES
 from ..store.provenance import UNKNOWN_ENV
@@ -86,7 +87,7 @@ def load_results(path: str | Path) -> Results:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise ConfigError(f"cannot read results file {str(p)!r}: {exc.strerror or exc}") from None
-    numbered = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    numbered = [(i, line) for i, line in enumerate(jsonl_lines(text), 1) if line.strip()]
     rows: list[dict] = []
     torn = 0
     for pos, (lineno, line) in enumerate(numbered):
