@@ -82,14 +82,16 @@ def regrade(path: str | Path, grader: str | None = None, *, write: bool = True) 
             except (UnicodeDecodeError, json.JSONDecodeError):
                 raise ConfigError(f"{where} is not valid JSON; the file is corrupt") from None
             rows += 1
-            correct, extracted = is_correct(row["completion"], row["gold"], row_grader(row, grader))
+            name = row_grader(row, grader)
+            correct, extracted = is_correct(row["completion"], row["gold"], name)
             if (correct, extracted) == (row["correct"], row["extracted"]):
                 continue
             changes.append(Change(i + 1, row["qid"], row["method"], row["pair"], row["extracted"], extracted,
                                   row["correct"], correct))
-            new = {**row, "extracted": extracted, "correct": correct, "grader": row_grader(row, grader),
-                   "regraded": {"git_commit": commit, "dirty": dirty, "extracted": row["extracted"], "correct": row["correct"],
-                                **({"before": row["regraded"]} if "regraded" in row else {})}}
+            # an earlier regrade's record nests under "before": the row's whole history stays
+            was = {"git_commit": commit, "dirty": dirty, "extracted": row["extracted"], "correct": row["correct"],
+                   **({"before": row["regraded"]} if "regraded" in row else {})}
+            new = {**row, "extracted": extracted, "correct": correct, "grader": name, "regraded": was}
             lines[i] = json.dumps(new, ensure_ascii=False, allow_nan=False).encode("utf-8")
         if changes and write:
             try:
