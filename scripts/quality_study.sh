@@ -56,7 +56,7 @@ B=("${BENCH[@]}" --max-tokens 1024)
 # loop): the problems some row left unfinished while still working run again, both methods, with
 # twice the tokens and a context to hold them; and 5 problems whose cut-off rows all loop, to see
 # whether more tokens only lengthen a loop
-UNFINISHED=$(python3 scripts/truncated_qids.py "$OUT/math500-greedy.jsonl" --methods target,easd-tf --looping 5)
+UNFINISHED=$(python3 "$(dirname "$0")/truncated_qids.py" "$OUT/math500-greedy.jsonl" --methods target,easd-tf --looping 5)
 if [ -n "$UNFINISHED" ]; then
     "${BENCH[@]}" --dataset math500 --qid "$UNFINISHED" --modes target,easd-tf --max-tokens 4096 --ctx 8192 \
         --out "$OUT/math500-unfinished-4096.jsonl"
