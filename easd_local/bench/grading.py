@@ -389,7 +389,7 @@ def _const_value(s: str) -> float | None:
 
 # Points at which two expressions in the same variables must agree: irrational-looking, so
 # that distinct polynomials or rational functions of a few variables agree at all of them
-# only by a coincidence far below the tolerance; positive, so that \\sqrt of a variable is real.
+# only by a coincidence far below the tolerance; positive, so that \sqrt of a variable is real.
 _POINTS = ((1.3719, 2.2537, 0.6143, 3.0917), (0.8291, 1.7723, 2.9411, 1.1537), (2.4173, 0.5309, 1.8861, 2.7311))
 _SUPPORTED_COMMANDS_RE = re.compile(r"\\(?:frac|sqrt|pi)(?![A-Za-z])")
 
