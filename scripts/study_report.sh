@@ -27,16 +27,21 @@ print(",".join(m for m in wanted if m in seen))
 EOF
 }
 
-# report FILE NAME METHODS [NEEDED]: DIR/NAME.md and DIR/NAME.png from the METHODS of FILE that
-# have rows; skipped while NEEDED (default: the second method) has none
+# report "FILE..." NAME METHODS [NEEDED]: DIR/NAME.md and DIR/NAME.png from the METHODS of the
+# last FILE that have rows (several files report as one, a later file's rows replacing an
+# earlier one's); skipped while NEEDED (default: the second method) has none
 report() {
-    local file=$DIR/$1 name=$2 methods need
-    [[ -f $file ]] || { echo "skip $name: no $file yet"; return; }
-    methods=$(present "$file" "$3")
+    local files=() f name=$2 methods need last
+    for f in $1; do
+        files+=("$DIR/$f")
+        [[ -f $DIR/$f ]] || { echo "skip $name: no $DIR/$f yet"; return; }
+    done
+    last=${files[-1]}
+    methods=$(present "$last" "$3")
     need=${4:-$(cut -d, -f2 <<<"$3")}
-    [[ ,$methods, == *,$need,* && $methods == *,* ]] || { echo "skip $name: no $need rows in $file yet"; return; }
+    [[ ,$methods, == *,$need,* && $methods == *,* ]] || { echo "skip $name: no $need rows in $last yet"; return; }
     echo "== $name: $methods"
-    easd-local bench report "$file" --methods "$methods" --common \
+    easd-local bench report "${files[@]}" --methods "$methods" --common \
         --markdown "$DIR/$name.md" --plot "$DIR/$name.png"
 }
 
@@ -47,10 +52,4 @@ report math500-greedy.jsonl math500-greedy target,easd-tf
 report gsm8k300-t07.jsonl gsm8k300-t07 target,easd-tf
 report math500-unfinished-4096.jsonl math500-unfinished-4096 target,easd-tf
 # MATH-500 whole: the 2,048-token rows, where a problem was re-run at 4,096 its re-run rows instead
-if [[ -f $DIR/math500-unfinished-4096.jsonl && $(present "$DIR/math500-unfinished-4096.jsonl" target,easd-tf) == *,* ]]; then
-    echo "== math500-final: target,easd-tf"
-    easd-local bench report "$DIR/math500-greedy.jsonl" "$DIR/math500-unfinished-4096.jsonl" --methods target,easd-tf \
-        --common --markdown "$DIR/math500-final.md" --plot "$DIR/math500-final.png"
-else
-    echo "skip math500-final: no target and easd-tf rows in $DIR/math500-unfinished-4096.jsonl yet"
-fi
+report "math500-greedy.jsonl math500-unfinished-4096.jsonl" math500-final target,easd-tf
