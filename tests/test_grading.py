@@ -18,6 +18,7 @@ from easd_local.bench.grading import (
     is_correct,
     last_boxed,
     normalize_math,
+    parse_number,
 )
 
 
@@ -205,6 +206,17 @@ def test_numeric_fractions_percent_and_negatives():
     # a hyphen between numbers is subtraction, not a sign: last number is 5
     assert extract_answer("The range 10-5", "numeric") == "5"
     assert is_correct("It costs $\\frac{3}{4}$ of a dollar.", "0.75", "numeric")[0]
+
+
+def test_numeric_clock_time_reads_as_hours():
+    # GSM8K test 01001: "what time" with gold 2; the answer 2:00 pm was graded by its minutes
+    assert is_correct("\\boxed{2:00 \\text{ pm}}", "2", "numeric") == (True, "2:00 \\text{ pm}")
+    assert answers_match("10:00 a.m.", "10", "numeric")
+    assert not answers_match("3:00 pm", "2", "numeric")
+    assert not answers_match("2:30 pm", "2", "numeric")
+    assert answers_match("2:30", "2.5", "numeric")
+    # not a clock: a ratio still reads as its last number
+    assert parse_number("3:1") == 1
 
 
 def test_extraction_details():

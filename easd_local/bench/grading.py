@@ -590,6 +590,11 @@ _NUM_TOKEN_RE = re.compile(
 )
 
 
+# GSM8K asks "what time" and keeps only the hour as gold ("2" for 2:00 pm); read a clock
+# time as hours so it is not graded by its last number (the minutes).
+_CLOCK_RE = re.compile(r"(?P<h>\d{1,2}):(?P<m>[0-5]\d)(?:[ap]\.?m\.?)?", re.IGNORECASE)
+
+
 def _num(text: str) -> Fraction:
     return Fraction(text.replace(",", ""))
 
@@ -625,13 +630,16 @@ def _number_tokens(text: str) -> list[tuple[str, float]]:
 def parse_number(text: str | None) -> float | None:
     """Read a number from an answer: the whole (normalised) text when it is a constant
     (``1,000``, ``$18.00``, ``-3``, ``\\frac{1}{2}``, ``75%``), else its last number
-    (``18 dollars`` -> 18)."""
+    (``18 dollars`` -> 18). A clock time reads as hours (``2:30 pm`` -> 2.5)."""
     if text is None:
         return None
     raw = unwrap_gold_list(str(text))
     if "####" in raw:
         raw = raw.rsplit("####", 1)[1]
     norm = normalize_math(raw)
+    clock = _CLOCK_RE.fullmatch(norm)
+    if clock and int(clock.group("h")) <= 24:
+        return int(clock.group("h")) + int(clock.group("m")) / 60
     value = _const_value(norm)
     if value is not None:
         return value
