@@ -47,7 +47,7 @@ report() {
 
 report gsm8k-greedy.jsonl gsm8k-greedy target,easd-tf
 report gsm8k-greedy.jsonl gsm8k-sd-control target,sd,easd-tf sd
-report gsm8k-greedy.jsonl gsm8k300-sensitivity target,easd-tf,tf-p75,tf-p95,tf-p99,tf-no-overlap tf-p75
+report gsm8k-greedy.jsonl gsm8k300-sensitivity target,sd,easd-tf,tf-p75,tf-p95,tf-p99,tf-no-overlap tf-p75
 report math500-greedy.jsonl math500-greedy target,easd-tf
 report gsm8k300-t07.jsonl gsm8k300-t07 target,easd-tf
 report math500-unfinished-4096.jsonl math500-unfinished-4096 target,easd-tf
