@@ -238,7 +238,8 @@ def _write(path: Path, name: str, weights: dict[str, np.ndarray], n_layers: int,
            qtype: gguf.GGMLQuantizationType) -> None:
     tokens, types, merge_strs = _vocab(merges)
     file_type = {gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
-                 gguf.GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0}[qtype]
+                 gguf.GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
+                 gguf.GGMLQuantizationType.F16: gguf.LlamaFileType.MOSTLY_F16}[qtype]
     head_dim = n_embd // N_HEAD
 
     wr = gguf.GGUFWriter(str(path), "llama")
@@ -269,7 +270,9 @@ def _write(path: Path, name: str, weights: dict[str, np.ndarray], n_layers: int,
     wr.add_chat_template(CHAT_TEMPLATE)
 
     for tname, arr in weights.items():
-        if arr.ndim == 2:
+        if arr.ndim == 2 and qtype == gguf.GGMLQuantizationType.F16:
+            wr.add_tensor(tname, arr.astype(np.float16))
+        elif arr.ndim == 2:
             q = gguf.quants.quantize(arr, qtype)
             wr.add_tensor(tname, q, raw_dtype=qtype)
         else:
@@ -307,12 +310,47 @@ def write_tiny_models(out_dir: Path, seed: int = 0) -> dict[str, Path]:
     return paths
 
 
+# The realistic-shape pair: the kernels real models take. The tiny pair's 128-wide Q8_0/Q4_0
+# matrices are too small for llama.cpp's repacked (CPU_REPACK) and AMX weight layouts, which
+# want rows that are multiples of 256 and the K-quant types of real files; these are
+# 512 wide with a 1,536-wide FFN, written as F16 and quantized by llama.cpp's own quantizer to
+# what real pairs use: the target Q4_K_M (Q4_K with Q6_K for some tensors), the draft Q5_0
+# and Q8_0. A few MB each; the same seed gives the same files.
+REAL_N_EMBD = 512
+REAL_N_FF = 1536
+REAL_TYPES = {"target": "Q4_K_M", "draft": "Q5_0", "draft_q8": "Q8_0"}
+
+
+def write_realistic_models(out_dir: Path, seed: int = 0) -> dict[str, Path]:
+    """Write the realistic-shape pair into ``out_dir``: keys ``target_f16`` and ``draft_f16``
+    (the higher-precision sources), ``target`` (Q4_K_M), ``draft`` (Q5_0), ``draft_q8`` (Q8_0)."""
+    from easd_local.engine.quantize import quantize
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 256]))
+    target = _make_weights(rng, VOCAB_SIZE, REAL_N_EMBD, REAL_N_FF, TARGET_LAYERS, DRAFT_LAYERS, _token_bias())
+    draft = {k: v for k, v in target.items()
+             if not k.startswith("blk.") or int(k.split(".")[1]) < DRAFT_LAYERS}
+    F16 = gguf.GGMLQuantizationType.F16
+    paths = {"target_f16": out_dir / "real-target-f16.gguf", "draft_f16": out_dir / "real-draft-f16.gguf"}
+    _write(paths["target_f16"], "real-target", target, TARGET_LAYERS, REAL_N_EMBD, REAL_N_FF, MERGES, F16)
+    _write(paths["draft_f16"], "real-draft", draft, DRAFT_LAYERS, REAL_N_EMBD, REAL_N_FF, MERGES, F16)
+    for key, qtype in REAL_TYPES.items():
+        src = paths["target_f16" if key == "target" else "draft_f16"]
+        paths[key] = quantize(src, out_dir / f"real-{key.split('_')[0]}-{qtype.lower()}.gguf", qtype)
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--realistic", action="store_true",
+                    help="write the realistic-shape pair (512 wide, Q4_K_M / Q5_0 / Q8_0) instead")
     args = ap.parse_args(argv)
-    for key, p in write_tiny_models(args.out_dir, args.seed).items():
+    write = write_realistic_models if args.realistic else write_tiny_models
+    for key, p in write(args.out_dir, args.seed).items():
         print(f"{key}\t{p}")
     return 0
 
