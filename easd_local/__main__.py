@@ -4,6 +4,10 @@ Ctrl-C is turned into one line and exit status 130 here, before the heavy import
 rich, numpy and llama.cpp take most of a second to import, and a Ctrl-C in that second
 would otherwise print a KeyboardInterrupt traceback (see ``interrupts``). The commands
 handle Ctrl-C themselves once they run; the ``except`` is the net under them.
+
+On POSIX the command runs in a child process under a small supervising parent
+(``supervise``), so that a crash inside llama.cpp ends in one line rather than a bare
+``Segmentation fault``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ from .interrupts import EXIT_INTERRUPTED, exit_on_interrupt
 
 def main() -> None:
     exit_on_interrupt()
+    from . import supervise
+
+    if supervise.wanted():
+        sys.exit(supervise.run(sys.argv[1:]))
+    supervise.child_ready()
     try:
         from .cli import main as cli_main
 

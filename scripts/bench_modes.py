@@ -4,6 +4,11 @@ speed relative to target-only decoding, on GSM8K questions through the chat temp
 
     python scripts/bench_modes.py                       # tiny random-weight pair (generated)
     python scripts/bench_modes.py --draft D.gguf --target T.gguf --n-prompts 10 --max-tokens 128
+    python scripts/bench_modes.py --draft D.gguf --target T.gguf --modes target,sd --repack both
+
+``--repack both`` loads the pair twice, with llama.cpp's extra buffer types (repacked
+weights: CPU_REPACK, AMX) as the self-test decides and with them off (``--no-repack``), runs
+both on every question side by side and prints what the fallback costs (off ÷ on per mode).
 
 Modes are interleaved per question (target, sd, easd, easd-tf, then the next question) so
 that drift in machine load hits every mode alike. Greedy. Figures are printed, never
@@ -26,6 +31,7 @@ from easd_local.engine import decoding  # noqa: E402
 from easd_local.bench.datasets import load_dataset  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.engine.config import DecodeConfig  # noqa: E402
+from easd_local.engine.devices import system_info  # noqa: E402
 from easd_local.engine.decoding import Stats  # noqa: E402
 from easd_local.engine.pair import load_pair  # noqa: E402
 from easd_local.engine.runtime import LoadOptions  # noqa: E402
@@ -52,6 +58,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--tau-draft", type=float, default=None)
     ap.add_argument("--tau-target", type=float, default=None)
+    ap.add_argument("--repack", choices=("on", "off", "both"), default="on",
+                    help="llama.cpp's weight repacking: on (as the self-test decides), off (--no-repack), or both "
+                         "side by side")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     a = ap.parse_args()
 
@@ -64,18 +73,22 @@ def main() -> int:
     base, tau_source = resolve_config(DecodeConfig(max_tokens=a.max_tokens, gamma=a.gamma),
                                       PairFiles(draft=Path(draft), target=Path(target), label="bench"), flags)
     t0 = time.perf_counter()
-    pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads))
+    variants = {"on": ("", None), "off": (" nr", False)}
+    pairs = {suffix: load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads, extra_bufts=extra))
+             for key, (suffix, extra) in variants.items() if a.repack in (key, "both")}
     load_s = time.perf_counter() - t0
     problems = load_dataset("gsm8k", limit=a.n_prompts)
-    agg = {m: Stats() for m in modes}
+    agg = {m + suffix: Stats() for m in modes for suffix in pairs}
     for prob in problems:
-        prompt = pair.target.vocab.chat_tokens(build_messages(prob.question))
+        prompt = next(iter(pairs.values())).target.vocab.chat_tokens(build_messages(prob.question))
         for m in modes:
-            # a fresh cache for each run: every mode pays for its own prompt
-            pair.target.reset()
-            pair.draft.reset()
-            fin, _ = decoding.generate_all(pair.target, pair.draft, prompt, base.replace(mode=m), n_vocab=pair.n_vocab)
-            agg[m] = agg[m] + fin.stats
+            for suffix, pair in pairs.items():  # side by side: drift in load hits both alike
+                # a fresh cache for each run: every mode pays for its own prompt
+                pair.target.reset()
+                pair.draft.reset()
+                fin, _ = decoding.generate_all(pair.target, pair.draft, prompt, base.replace(mode=m),
+                                               n_vocab=pair.n_vocab)
+                agg[m + suffix] = agg[m + suffix] + fin.stats
     rows = {}
     for m, g in agg.items():
         # decode seconds after the prompt (the prompt's decodes are all in seconds_prompt)
@@ -100,7 +113,7 @@ def main() -> int:
         )
     ratios = {}
     if "target" in rows and rows["target"]["tokens_per_s"]:
-        for m in rows:
+        for m in modes:
             if m != "target":
                 ratios[f"{m}/target"] = round(rows[m]["tokens_per_s"] / rows["target"]["tokens_per_s"], 3)
                 if rows["target"]["tokens_per_s_e2e"]:
@@ -108,24 +121,35 @@ def main() -> int:
                         rows[m]["tokens_per_s_e2e"] / rows["target"]["tokens_per_s_e2e"], 3)
     if "sd" in rows and "easd" in rows and rows["sd"]["tokens_per_s"]:
         ratios["easd/sd"] = round(rows["easd"]["tokens_per_s"] / rows["sd"]["tokens_per_s"], 3)
+    for m in modes:
+        if m + " nr" in rows and m in rows and rows[m]["tokens_per_s"]:
+            ratios[f"{m} repack off/on"] = round(rows[m + " nr"]["tokens_per_s"] / rows[m]["tokens_per_s"], 3)
+    repacking = {("off" if suffix else "on"): {role: getattr(p, role).repack.to_dict() for role in ("target", "draft")}
+                 for suffix, p in pairs.items()}
     out = dict(draft=str(draft), target=str(target), n_prompts=len(problems), max_tokens=a.max_tokens,
                gamma=a.gamma, threads=a.threads or os.cpu_count(), load_s=round(load_s, 2),
                tau_draft=base.tau_draft, tau_target=base.tau_target, tau_source=tau_source, modes=rows, ratios=ratios,
-               loadavg=os.getloadavg()[0])
+               loadavg=os.getloadavg()[0], repacking=repacking, llama_system_info=system_info())
     if a.json:
         print(json.dumps(out))
         return 0
     print(f"pair: {Path(draft).name} -> {Path(target).name}; {len(problems)} GSM8K questions, greedy, "
           f"max {a.max_tokens} tokens, gamma {a.gamma}, {out['threads']} threads, "
           f"tau_d={base.tau_draft:g} tau_t={base.tau_target:g} ({tau_source}); load avg {out['loadavg']:.2f}")
+    print(f"llama.cpp: {out['llama_system_info']}")
+    for key, roles in repacking.items():
+        print(f"repack {key}: " + "; ".join(
+            f"{role} {r['note'] or 'weight repacking on (' + (r['detail'] or '-') + ')'}" for role, r in roles.items()))
+    if len(pairs) > 1:
+        print("mode suffix ' nr': the same pair loaded with --no-repack")
     print("tok/s: generated tokens / generation seconds (prompt excluded, as llama.cpp's eval rate); "
           "e2e: prompt included; prompt s: mean per question")
     print("ms/token: generation time per generated token inside target decodes / draft decodes / elsewhere")
-    hdr = f"{'mode':8} {'tokens':>7} {'tok/s':>8} {'e2e':>6} {'prompt s':>8} {'ms/token t/d/other':>19} {'ctrl%':>6} {'accept':>7} {'fires/100':>9} {'consult':>8} {'tok/verify':>10}"
+    hdr = f"{'mode':11} {'tokens':>7} {'tok/s':>8} {'e2e':>6} {'prompt s':>8} {'ms/token t/d/other':>19} {'ctrl%':>6} {'accept':>7} {'fires/100':>9} {'consult':>8} {'tok/verify':>10}"
     print(hdr)
     for m, r in rows.items():
         f = lambda v, fmt: (fmt.format(v) if v is not None else "-")  # noqa: E731
-        print(f"{m:8} {r['tokens']:>7} {r['tokens_per_s']:>8.2f} {r['tokens_per_s_e2e']:>6.2f} {r['prompt_s']:>8.3f} "
+        print(f"{m:11} {r['tokens']:>7} {r['tokens_per_s']:>8.2f} {r['tokens_per_s_e2e']:>6.2f} {r['prompt_s']:>8.3f} "
               f"{'/'.join(format(r['ms_per_token'][k], '.1f') for k in ('target', 'draft', 'other')):>19} "
               f"{100 * r['controller_share']:>5.1f}% "
               f"{f(r['acceptance'], '{:.3f}'):>7} {r['easd_fires_per_100']:>9.2f} {f(r['draft_consult_rate'], '{:.3f}'):>8} "

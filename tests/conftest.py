@@ -7,6 +7,7 @@ the ``tiny_spec`` fixture or ``tests.conftest.make_tiny_pair``.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -29,6 +30,11 @@ def _load_make_tiny_pair():
 
 make_tiny_pair = _load_make_tiny_pair()
 
+# Loading a model first runs llama.cpp's weight-repacking self-test in a child process, once per
+# home; the suite makes many fresh homes, so it says "passed" here. tests/test_repack.py unsets
+# it to run the real self-test (and sets "crash" to simulate an AMX machine).
+os.environ.setdefault("EASD_LOCAL_REPACK_PROBE", "ok")
+
 
 @pytest.fixture(scope="session")
 def tiny_spec():
@@ -41,6 +47,14 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Paths of the tiny model set (seed 0): keys draft, target, target_q4, odd."""
     out = tmp_path_factory.mktemp("tiny")
     return make_tiny_pair.write_tiny_models(out, seed=0)
+
+
+@pytest.fixture(scope="session")
+def realistic_models(tmp_path_factory) -> dict[str, Path]:
+    """The realistic-shape pair (512 wide; Q4_K_M target, Q5_0 and Q8_0 drafts, F16 sources):
+    shapes and types that take llama.cpp's repacked (and, on AMX CPUs, AMX) kernels."""
+    out = tmp_path_factory.mktemp("realistic")
+    return make_tiny_pair.write_realistic_models(out, seed=0)
 
 
 @pytest.fixture(scope="session")

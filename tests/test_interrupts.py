@@ -100,6 +100,7 @@ def test_main_installs_the_handler_first(monkeypatch):
     fake_cli = types.ModuleType("easd_local.cli")
     fake_cli.main = lambda: seen.setdefault("handler", signal.getsignal(signal.SIGINT))
     monkeypatch.setitem(sys.modules, "easd_local.cli", fake_cli)
+    monkeypatch.setenv("EASD_LOCAL_SUPERVISED", "0")  # in this process, not under a supervising parent
     try:
         entry.main()
     finally:

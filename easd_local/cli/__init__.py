@@ -69,10 +69,12 @@ from . import chat as _chat  # noqa: E402
 from . import bench as _bench  # noqa: E402
 from . import calibrate as _calibrate  # noqa: E402
 from . import serve as _serve  # noqa: E402
+from . import doctor as _doctor  # noqa: E402
 
-for _mod in (_models, _catalog_cmds, _generate, _chat, _bench, _calibrate, _serve):
+for _mod in (_models, _catalog_cmds, _generate, _chat, _bench, _calibrate, _serve, _doctor):
     _mod.register(app, models_app)
 
 
 def main() -> None:
-    app()
+    # the name, not sys.argv[0]: under the supervising parent the command runs as `python -m easd_local`
+    app(prog_name="easd-local")

@@ -148,7 +148,7 @@ class _Accuracy:
 
 
 def print_report(paths: Sequence[Path], markdown: Path | None = None, plot: Path | None = None, same_env: bool = False,
-                 methods: list[str] | None = None, common: bool = False) -> None:
+                 methods: list[str] | None = None, common: bool = False, record_verdict: bool = False) -> None:
     # several files report as one, in the order given: a later file's row for the same problem,
     # method and pair replaces an earlier one's (a re-run of some problems with other settings)
     results: list[dict] = []
@@ -187,6 +187,26 @@ def print_report(paths: Sequence[Path], markdown: Path | None = None, plot: Path
         console.print(Text(f"markdown: {markdown}"))
     if plot is not None and summaries:
         console.print(Text(f"plot: {rep.plot(summaries, plot)}"))
+    if record_verdict:
+        _record_verdicts(summaries, rows)
+
+
+def _record_verdicts(summaries, rows) -> None:
+    from ..bench.verdicts import verdicts
+    from ..store.profiles import record_verdict
+
+    found = verdicts(summaries, rep.latest_rows(rows)[0])
+    if not found:
+        raise ConfigError("nothing to record: --record-verdict needs an EASD mode (easd, easd-tf) and a lossless one "
+                          "(target, sd) answered on the same problems, in rows that record their model files")
+    for pv in found:
+        try:
+            path = record_verdict(pv.draft, pv.target, pv.verdict)
+        except OSError as exc:
+            raise ConfigError(f"cannot record the verdict: {exc.strerror or exc}") from None
+        worse = " (significantly worse: a lossless mode is this pair's default now)" if pv.verdict.significant_loss else ""
+        console.print(Text(f"verdict for {pv.pair}: {pv.verdict.summary()}, {pv.verdict.wins} wins / "
+                           f"{pv.verdict.losses} losses{worse} -> {path}"), soft_wrap=True)
 
 
 def _need_matplotlib(plot: Path | None) -> None:
@@ -198,7 +218,7 @@ def _run(
     dataset, question_key, answer_key, grader, limit, offset, sample, seed, qids, modes, easd_config, sweep,
     pair, draft, target, yes, out, resume, strict_env, max_tokens, temperature, top_k, top_p, gamma, draft_p_min,
     top_n, overlap, tau_draft, tau_target, penalty, ctx, threads, n_gpu_layers, n_gpu_layers_draft,
-    flash_attn, main_gpu, verbose, rpc=None, rpc_draft=None, tensor_split=None, parallel=None,
+    flash_attn, main_gpu, verbose, rpc=None, rpc_draft=None, tensor_split=None, parallel=None, no_repack=False,
 ) -> None:
     if dataset is None:
         raise ConfigError("--dataset is missing: give a preset (" + ", ".join(
@@ -213,7 +233,7 @@ def _run(
     base = DecodeConfig(max_tokens=runner.DEFAULT_MAX_TOKENS)
     runner.check_methods(methods, base, flags)
     topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
-                                  rpc, rpc_draft, tensor_split)
+                                  rpc, rpc_draft, tensor_split, no_repack)
     parallel, topts, dopts = o.parallel_options(parallel, topts, dopts)
     problems = load_dataset(dataset, question_key, answer_key, grader, limit=limit, offset=offset, sample=sample,
                             seed=0 if seed is None else seed,
@@ -376,7 +396,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         verbose=(_panel(o.VerboseOpt, P_LLAMA), False),
         rpc=(_panel(o.RpcOpt, P_LLAMA), None), rpc_draft=(_panel(o.RpcDraftOpt, P_LLAMA), None),
         tensor_split=(_panel(o.TensorSplitOpt, P_LLAMA), None),
-        parallel=(_panel(o.ParallelOpt, P_LLAMA), None),
+        parallel=(_panel(o.ParallelOpt, P_LLAMA), None), no_repack=(_panel(o.NoRepackOpt, P_LLAMA), False),
     )
 
     def with_run_options(fn):
@@ -421,13 +441,14 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         same_env: Annotated[bool, typer.Option("--same-env", help="Paired wins/losses only on problems whose two rows come from one environment (same llama.cpp build, threads, batch sizes, machine...).")] = False,
         methods: Annotated[Optional[str], typer.Option("--methods", metavar="M1,M2,...", help="Only these methods (the rows' method names, comma-separated; default: all).")] = None,
         common: Annotated[bool, typer.Option("--common", help="Only the problems every shown method answered, so that each accuracy is taken on the same problems.")] = False,
+        record_verdict: Annotated[bool, typer.Option("--record-verdict", help="Keep what each EASD mode scored against each lossless one (paired wins/losses, p) in the pair's profile: a pair where EASD is significantly worse then gets a lossless mode by default.")] = False,
     ) -> None:
         """Summarise results files (several as one): accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares. Says first when the rows come from more than one environment."""
         _need_matplotlib(plot)
         names = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
         if names is not None and not names:
             raise ConfigError("--methods is empty: give method names, e.g. --methods target,easd-tf")
-        print_report(results, markdown, plot, same_env, names, common)
+        print_report(results, markdown, plot, same_env, names, common, record_verdict)
 
     @bench_app.command("rerun")
     @friendly

@@ -176,7 +176,7 @@ def _loop(session: ChatSession, show_origin: bool) -> None:
             writer.end_reply()
 
 
-CHAT = o.DecodeOpts(CHAT_DEFAULTS, mode_default="auto: easd-tf on a CPU build, easd with GPU offload")
+CHAT = o.DecodeOpts(CHAT_DEFAULTS, mode_default=o.AUTO_MODE_RULE)
 
 
 def _sampling(cfg: DecodeConfig) -> str:
@@ -200,7 +200,7 @@ def banner(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str,
 # the commands and keys come from where they are defined, so --help cannot fall behind them
 HELP = f"""Chat with a draft/target pair, streamed, with slash commands.
 
-Default mode: easd-tf on a CPU build, easd with GPU offload (the same rule as generate).
+Default mode ({o.AUTO_MODE_RULE}): the same rule as generate and serve.
 
 easd and easd-tf are not lossless: the gate replaces some of the target's tokens. For the target's own output use --mode sd (or /mode sd in the chat).
 

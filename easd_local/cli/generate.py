@@ -40,7 +40,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     ) -> None:
         """Generate one completion and print statistics.
 
-        Default mode: easd-tf on a CPU build, easd with GPU offload (the same rule as chat).
+        Default mode: a lossless one where the pair's recorded verdict shows EASD significantly worse (the default pair's does), else easd-tf on a CPU build, easd with GPU offload (the same rule as chat and serve; see --mode).
 
         easd and easd-tf are not lossless: the gate replaces some of the target's tokens. For the target's own output use --mode sd (or --mode target).
 
@@ -54,8 +54,11 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         check_text(prompt, "the prompt")
         if system is not None:
             check_text(system, "the system message")
-        spec, cfg, source, _why = o.pair_and_config(kw, flags, DecodeConfig())
+        spec, cfg, source, why = o.pair_and_config(kw, flags, DecodeConfig())
         info = cfg.mode_info
+        if why and spec.draft is not None and not info.gated:
+            # auto picked a lossless mode although a draft is there: the pair's verdict said so
+            err_console.print(Text(f"note: mode {cfg.mode}: {why}", style="dim"), soft_wrap=True)
         with spinner(f"loading {spec.label}"):
             models = open_models(
                 # target mode given only a draft file: loaded so that the mode's check names the missing target

@@ -94,12 +94,13 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         n_gpu_layers: o.NglOpt = -1,
         n_gpu_layers_draft: o.NglDraftOpt = None,
         main_gpu: o.MainGpuOpt = 0,
+        no_repack: o.NoRepackOpt = False,
     ) -> None:
         """Check that DRAFT can draft for TARGET, as llama.cpp checks it (exit 0 compatible, 2 not). With --load
         (implied by --rpc, --rpc-draft or --tensor-split) the pair is also loaded: the backend, each model's
         layers by device and its memory."""
         topts, dopts = o.load_options(ctx, 1, n_gpu_layers, False, main_gpu, False, n_gpu_layers_draft,
-                                      rpc, rpc_draft, tensor_split)
+                                      rpc, rpc_draft, tensor_split, no_repack)
         d, t = resolve_model(draft, pull=False), resolve_model(target, pull=False)
         n_shared = check_pair_files(d, t)
         where = None
@@ -111,6 +112,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                     total = sum(m.placement.values())
                     shown = ", ".join(f"{n}/{total} on {dev}" for dev, n in m.placement.items()) or "unknown"
                     layers.append(f"{role} layers: {shown}")
+                if where.get("repack_note"):
+                    layers.append(where["repack_note"])
         if json_out:
             sys.stdout.write(json.dumps({"compatible": True, "shared_vocab": n_shared, "draft": str(d),
                                          "target": str(t), "placement": where}) + "\n")

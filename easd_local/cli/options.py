@@ -20,6 +20,8 @@ from ..engine.modes import auto_mode
 from ..engine.rpc import parse_endpoints, parse_tensor_split
 from ..engine.devices import gpu_offload_supported
 from ..engine.runtime import LoadOptions
+from ..engine.verdict import losing
+from ..store.profiles import find_verdicts
 from ..store.resolve import PairFiles, resolve_config, resolve_pair
 
 
@@ -51,6 +53,11 @@ NglDraftOpt = Annotated[Optional[int], typer.Option("--n-gpu-layers-draft", "-ng
 FlashOpt = Annotated[bool, typer.Option("--flash-attn", "-fa", help="Use flash attention (llama.cpp: -fa).")]
 MainGpuOpt = Annotated[int, typer.Option("--main-gpu", metavar="I", help="GPU index for the models.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Show llama.cpp's log.")]
+NoRepackOpt = Annotated[bool, typer.Option(
+    "--no-repack", "-nr",
+    help="Do not repack weights for llama.cpp's faster CPU (CPU_REPACK, AMX) kernels (llama.cpp: -nr). Without it, "
+         "a self-test decides once per CPU, build and model type (it turns repacking off where those kernels "
+         "crash: llama.cpp #20824).")]
 RpcOpt = Annotated[Optional[str], typer.Option(
     "--rpc", metavar="HOST:PORT[,...]",
     help=with_default("Put the target's offloaded layers (--n-gpu-layers) on these llama.cpp rpc-servers (and local "
@@ -105,12 +112,16 @@ class DecodeOpts:
 
 
 # generate's and calibrate's defaults (chat has its own: easd_local.chat.CHAT_DEFAULTS)
-GEN = DecodeOpts(DecodeConfig(), mode_default="auto: easd-tf on a CPU build, easd with GPU offload")
+# the one wording of auto_mode's rule, for every command's --help
+AUTO_MODE_RULE = ("auto: a lossless mode (target on a CPU build, sd with GPU offload) where the pair's recorded "
+                  "verdict shows EASD significantly worse, as the default pair's does; otherwise easd-tf on a CPU "
+                  "build, easd with GPU offload")
+GEN = DecodeOpts(DecodeConfig(), mode_default=AUTO_MODE_RULE)
 
 
 def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: bool, main_gpu: int, verbose: bool,
                  n_gpu_layers_draft: int | None = None, rpc: str | None = None, rpc_draft: str | None = None,
-                 tensor_split: str | None = None) -> tuple[LoadOptions, LoadOptions]:
+                 tensor_split: str | None = None, no_repack: bool = False) -> tuple[LoadOptions, LoadOptions]:
     """(target options, draft options), validated."""
     rpc_t, rpc_d = parse_endpoints(rpc, "--rpc"), parse_endpoints(rpc_draft, "--rpc-draft")
     split = parse_tensor_split(tensor_split)
@@ -118,11 +129,12 @@ def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: b
         raise ConfigError(f"--ctx must be >= 16, got {ctx}")
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {threads}")
+    repack = False if no_repack else None  # None: the self-test decides
     t = LoadOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                    main_gpu=main_gpu, verbose=verbose, rpc=rpc_t, tensor_split=split)
+                    main_gpu=main_gpu, verbose=verbose, rpc=rpc_t, tensor_split=split, extra_bufts=repack)
     d = LoadOptions(n_ctx=ctx, n_threads=threads,
                     n_gpu_layers=n_gpu_layers if n_gpu_layers_draft is None else n_gpu_layers_draft,
-                    flash_attn=flash_attn, main_gpu=main_gpu, verbose=verbose, rpc=rpc_d)
+                    flash_attn=flash_attn, main_gpu=main_gpu, verbose=verbose, rpc=rpc_d, extra_bufts=repack)
     return t, d
 
 
@@ -171,7 +183,7 @@ DECODE_OPTIONS = decode_group(GEN)
 LLAMA_OPTIONS = dict(
     ctx=(CtxOpt, 4096), threads=(ThreadsOpt, None), n_gpu_layers=(NglOpt, -1), n_gpu_layers_draft=(NglDraftOpt, None),
     flash_attn=(FlashOpt, False), main_gpu=(MainGpuOpt, 0), rpc=(RpcOpt, None), rpc_draft=(RpcDraftOpt, None),
-    tensor_split=(TensorSplitOpt, None), verbose=(VerboseOpt, False),
+    tensor_split=(TensorSplitOpt, None), no_repack=(NoRepackOpt, False), verbose=(VerboseOpt, False),
 )
 
 
@@ -225,6 +237,8 @@ def pair_and_config(kw: dict, flags: dict, base: DecodeConfig) -> tuple[PairFile
                             progress=dl.progress)
     why = ""
     if mode is None:
-        mode, why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None)
+        verdicts = find_verdicts(spec.draft, spec.target, spec.entry)
+        mode, why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None,
+                              losing(verdicts), measured=bool(verdicts))
     cfg, source = resolve_config(base, spec, {**flags, "mode": mode})
     return spec, cfg, source, why

@@ -20,13 +20,17 @@ LEGEND = (
 
 
 def placement_text(models) -> str:
-    """Where each model's layers live, e.g. ``target RPC0 (10.0.0.2:50052) 25/25 · draft CPU 25/25``;
-    empty when every layer is on the local CPU (the usual case, nothing to say)."""
+    """Where each model's layers live, e.g. ``layers: target RPC0 (10.0.0.2:50052) 25/25 · draft CPU 25/25``,
+    and the repacking note; empty when every layer is on the local CPU with its weights repacked
+    as usual (nothing to say)."""
     p = placement(models)
     roles = [r for r in ("target", "draft") if p.get(r) and p[r]["layers"]]
-    if not {dev for r in roles for dev in p[r]["layers"]} - {"CPU"}:
-        return ""
-    return " · ".join(f"{r} {_layers(p[r])}" for r in roles)
+    parts = []
+    if {dev for r in roles for dev in p[r]["layers"]} - {"CPU"}:
+        parts.append("layers: " + " · ".join(f"{r} {_layers(p[r])}" for r in roles))
+    if p.get("repack_note"):
+        parts.append(p["repack_note"])
+    return " · ".join(parts)
 
 
 def status_line(s: Stats, where: str = "") -> str:
@@ -42,7 +46,7 @@ def status_line(s: Stats, where: str = "") -> str:
     if s.stop_reason and s.stop_reason != "eos":
         parts.append(f"stop: {s.stop_reason}")
     if where:
-        parts.append(f"layers: {where}")
+        parts.append(where)
     return " · ".join(parts)
 
 
@@ -89,8 +93,24 @@ def placement(models) -> dict:
             "model_bytes": mem.model_bytes if mem else None,
             "kv_bytes": mem.kv_bytes if mem else None,
             "compute_bytes": mem.compute_bytes if mem else None,
+            "repack": m.repack.to_dict() if getattr(m, "repack", None) else None,
         }
+    out["repack_note"] = repack_note(models) or None
     return out
+
+
+def repack_note(models) -> str:
+    """'weight repacking off: ...' when a loaded model runs without llama.cpp's repacked
+    weights, naming which when only one does; empty otherwise."""
+    notes = {}
+    for role in ("target", "draft"):
+        rp = getattr(getattr(models, role, None), "repack", None)
+        if rp is not None and rp.note:
+            notes.setdefault(rp.note, []).append(role)
+    if len(notes) == 1 and sum(len(r) for r in notes.values()) == 1:
+        (note, (role,)), = notes.items()
+        return f"{role}: {note}"
+    return " · ".join(notes)
 
 
 def memory_line(models) -> str:
@@ -120,6 +140,8 @@ def placement_line(models) -> str:
             continue
         mem = f", model {human_size(r['model_bytes'])}, KV {human_size(r['kv_bytes'])}" if r["model_bytes"] is not None else ""
         parts.append(f"{role} layers {_layers(r)}{mem}")
+    if p.get("repack_note"):
+        parts.append(p["repack_note"])
     return " · ".join(parts)
 
 

@@ -200,6 +200,19 @@ class _Devices:
         return gpus or igpus
 
 
+def list_devices() -> list[dict[str, str]]:
+    """Every device ggml's registry knows (CPU, GPUs, ...): name, description, kind."""
+    fn = _devices().fn
+    kinds = {0: "CPU", _DEV_GPU: "GPU", _DEV_IGPU: "iGPU", 3: "accelerator"}
+    out = []
+    for i in range(int(fn["ggml_backend_dev_count"]())):
+        dev = fn["ggml_backend_dev_get"](i)
+        out.append({"name": (fn["ggml_backend_dev_name"](dev) or b"?").decode("utf-8", "replace"),
+                    "description": (fn["ggml_backend_dev_description"](dev) or b"").decode("utf-8", "replace"),
+                    "kind": kinds.get(int(fn["ggml_backend_dev_type"](dev)), "other")})
+    return out
+
+
 _DEVICES: _Devices | None = None
 _FATAL_HANDLER = None
 _INIT_LOCK = threading.Lock()

@@ -109,15 +109,19 @@ class LoadMemory:
     model_bytes: int  # weights buffers ("model buffer size"), all devices
     kv_bytes: int  # KV cache buffers ("KV buffer size")
     compute_bytes: int  # compute buffers ("compute buffer size")
+    model_buffers: tuple[str, ...] = ()  # the weights' buffer types: CPU_Mapped, CPU_REPACK, AMX, CUDA0...
 
 
 def parse_buffers(lines: Sequence[str]) -> LoadMemory:
     """LoadMemory from llama.cpp's "... buffer size = N MiB" lines (pure: tested without a GPU)."""
     sizes = {"model": 0.0, "KV": 0.0, "compute": 0.0}
+    weights: list[str] = []
     for ln in lines:
         m = _BUFFER.search(ln)
         if m:
             sizes[m.group(2)] += float(m.group(3))
+            if m.group(2) == "model" and m.group(1) not in weights:
+                weights.append(m.group(1))
     mib = 1 << 20
     return LoadMemory(model_bytes=int(sizes["model"] * mib), kv_bytes=int(sizes["KV"] * mib),
-                      compute_bytes=int(sizes["compute"] * mib))
+                      compute_bytes=int(sizes["compute"] * mib), model_buffers=tuple(weights))

@@ -36,9 +36,10 @@ except ImportError as _e:  # pragma: no cover - import-time guard for a broken i
         "llama-cpp-python is not installed; install easd-local with pip (see README)"
     ) from _e
 
+from .. import crashnote
 from ..errors import ContextOverflowError, ModelLoadError, NonFiniteLogitsError, RuntimeFailure
 from ..interrupts import deferred_interrupt
-from . import devices, gguf_info, llama_log
+from . import devices, gguf_info, llama_log, repack
 from .gguf_file import check_gguf_file
 from .gguf_info import file_type_name
 from .vocab import Vocab
@@ -58,6 +59,9 @@ class LoadOptions:
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) whose devices take layers
     tensor_split: tuple[float, ...] = ()  # share of offloaded layers per device, as llama.cpp's
     n_seq: int = 1  # sequences the context holds (bench --parallel); n_ctx is per sequence
+    # llama.cpp's extra buffer types (weights repacked for CPU_REPACK / AMX kernels): False is
+    # --no-repack, True uses them without a self-test, None lets ``repack.decide`` choose
+    extra_bufts: bool | None = None
 
     def threads(self) -> int:
         return self.n_threads if self.n_threads and self.n_threads > 0 else (os.cpu_count() or 4)
@@ -126,7 +130,8 @@ class ModelFile:
     weights: fast, little memory), which pair checks and tokenizing need; :class:`Model`
     loads the weights (``weights=True``) and adds the context it decodes with."""
 
-    def __init__(self, path: str | os.PathLike, opts: LoadOptions = LoadOptions(), *, weights: bool = False):
+    def __init__(self, path: str | os.PathLike, opts: LoadOptions = LoadOptions(), *, weights: bool = False,
+                 extra_bufts: bool = True):
         self.path = check_gguf_file(path)
         self.opts = opts
         self._model = None
@@ -137,6 +142,7 @@ class ModelFile:
         mparams.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers >= 0 else 0x7FFFFFFF
         mparams.main_gpu = opts.main_gpu
         mparams.vocab_only = not weights
+        mparams.use_extra_bufts = bool(extra_bufts)
         devs, split = devices.model_devices(opts.rpc, opts.tensor_split) if weights else (None, None)
         if devs is not None:
             mparams.devices = ctypes.cast(devs, ctypes.c_void_p)
@@ -243,9 +249,15 @@ class Model(ModelFile):
         self.n_seq = max(1, int(opts.n_seq))
         self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
-        super().__init__(path, opts, weights=True)
+        path = check_gguf_file(path)
+        self.repack = repack.decide(path, requested=opts.extra_bufts, threads=opts.threads(),
+                                    n_gpu_layers=opts.n_gpu_layers, rpc=bool(opts.rpc))
+        crashnote.note(f"while loading {path.name} ({self._repack_words()})")
+        super().__init__(path, opts, weights=True, extra_bufts=self.repack.extra_bufts)
         sink = llama_log.sink()  # still holding what this load logged
         self.placement = devices.placement(sink.layer_devices)  # device label -> layers
+        where = " + ".join(f"{dev} {n}" for dev, n in self.placement.items()) or "CPU"
+        self._decode_note = f"while decoding with {self.path.name} (layers on {where}; {self._repack_words()})"
         model = self._model
 
         if self.n_seq > 256:  # llama.cpp's LLAMA_MAX_SEQ
@@ -293,6 +305,9 @@ class Model(ModelFile):
         self.kv_bytes = self.kv_cache_bytes(self.n_ctx_total)
         self.n_batch = int(cparams.n_batch)
         self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
+
+    def _repack_words(self) -> str:
+        return "weight repacking on" if self.repack.extra_bufts else "weight repacking off"
 
     def close(self) -> None:
         # the context before the model it was made from; each handle off the object before
@@ -430,6 +445,7 @@ class Model(ModelFile):
             wants.append(self._check(p, start))
             starts.append(start)
         outs = [np.empty((len(w), self.n_vocab), dtype=np.float32) for w in wants]
+        crashnote.note(self._decode_note)
         # (part, token index, wanted row or -1) in batch order; a Ctrl-C that lands between
         # llama_decode returning and the bookkeeping below can leave cells the mirror does
         # not know about: clear them before writing

@@ -1,4 +1,5 @@
-"""Calibration profiles: per-pair EASD thresholds (tau_draft, tau_target).
+"""Calibration profiles: per-pair EASD thresholds (tau_draft, tau_target), and the verdicts of
+comparisons of EASD against a lossless mode on the pair (``engine.verdict``).
 
 Precedence everywhere: a flag given on the command line > the user's profile for the pair
 (written by ``easd-local calibrate --percentile P``) > the catalog's profile for the pair
@@ -26,6 +27,8 @@ from typing import Any, Mapping
 from . import filehash
 from .. import paths
 from ..engine.config import DecodeConfig
+from ..engine.verdict import Verdict
+from ..engine.verdict import from_mapping as verdict_from_mapping
 from ..fsutil import write_json_atomic
 from ..errors import ConfigError
 
@@ -97,6 +100,12 @@ def write_profile(draft: FileId, target: FileId, tau_draft: float, tau_target: f
         **info,
     }
     path = profile_path(draft.sha256, target.sha256)
+    try:  # a recorded verdict survives a new calibration
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(old, dict) and old.get("verdicts"):
+            obj["verdicts"] = old["verdicts"]
+    except (OSError, ValueError):
+        pass
     write_json_atomic(path, obj)
     return path
 
@@ -148,43 +157,84 @@ def _catalog_pairs(pair_entry) -> list:
         return []
 
 
-def find_profile(draft_path: Path | None, target_path: Path | None, pair_entry=None) -> Profile | None:
-    """The profile in force for this pair, or None (defaults apply).
+def _pair_records(draft_path: Path | None, target_path: Path | None, pair_entry=None) -> list[tuple[str, str, Path | None, Mapping]]:
+    """Every profile record of this pair as (kind, source, file, data), the user's first.
 
-    User profile (matched by both files' sha256) first, then the catalog's profile: of
+    User profiles are matched by both files' sha256, then the catalog's profile: of
     ``pair_entry`` when given, else of any catalog pair whose two models are these files
     (same sha256). Files are hashed only if some profile has their sizes."""
     if draft_path is None or target_path is None:
-        # one-model modes: a catalog pair's profile still describes its thresholds
+        # one-model modes: a catalog pair's profile still describes it
         if pair_entry is not None and getattr(pair_entry, "profile", None):
-            return _from_mapping(pair_entry.profile, f"catalog pair '{pair_entry.name}'")
-        return None
+            return [("catalog", f"catalog pair '{pair_entry.name}'", None, pair_entry.profile)]
+        return []
     try:
         d_size = Path(draft_path).expanduser().stat().st_size
         t_size = Path(target_path).expanduser().stat().st_size
     except OSError:
-        return None
+        return []
     users = [(f, data) for f, data in _user_profiles()
              if data["draft"].get("size") == d_size and data["target"].get("size") == t_size]
     cats = [pe for pe in _catalog_pairs(pair_entry)
             if getattr(pe, "profile", None) and pe.draft.size == d_size and pe.target.size == t_size]
     if not users and not cats:
-        return None
+        return []
     entry_d = pair_entry.draft if pair_entry is not None else None
     entry_t = pair_entry.target if pair_entry is not None else None
     did = file_id(draft_path, entry_d)
     tid = file_id(target_path, entry_t)
-    for f, data in users:
-        if data["draft"].get("sha256") == did.sha256 and data["target"].get("sha256") == tid.sha256:
-            prof = _from_mapping(data, str(f), "user", f)
-            if prof is not None:
-                return prof
-    for pe in cats:
-        if pe.draft.sha256 == did.sha256 and pe.target.sha256 == tid.sha256:
-            prof = _from_mapping(pe.profile, f"catalog pair '{pe.name}'")
-            if prof is not None:
-                return prof
+    out: list[tuple[str, str, Path | None, Mapping]] = [
+        ("user", str(f), f, data) for f, data in users
+        if data["draft"].get("sha256") == did.sha256 and data["target"].get("sha256") == tid.sha256]
+    out += [("catalog", f"catalog pair '{pe.name}'", None, pe.profile) for pe in cats
+            if pe.draft.sha256 == did.sha256 and pe.target.sha256 == tid.sha256]
+    return out
+
+
+def find_profile(draft_path: Path | None, target_path: Path | None, pair_entry=None) -> Profile | None:
+    """The thresholds in force for this pair, or None (defaults apply): the user's profile
+    (written by calibrate), else the catalog's."""
+    for kind, source, f, data in _pair_records(draft_path, target_path, pair_entry):
+        prof = _from_mapping(data, source, kind, f)
+        if prof is not None:
+            return prof
     return None
+
+
+def find_verdicts(draft_path: Path | None, target_path: Path | None, pair_entry=None) -> list[Verdict]:
+    """What comparisons of EASD against a lossless mode found for this pair: the user's
+    (``bench report --record-verdict``) over the catalog's for the same dataset, methods and
+    temperature."""
+    seen: dict[tuple, Verdict] = {}
+    for _kind, source, _f, data in _pair_records(draft_path, target_path, pair_entry):
+        for raw in data.get("verdicts") or ():
+            v = verdict_from_mapping(raw, source) if isinstance(raw, Mapping) else None
+            if v is not None:
+                seen.setdefault(_verdict_key(v), v)
+    return list(seen.values())
+
+
+def _verdict_key(v: Verdict) -> tuple:
+    return (v.dataset, v.method, v.against, v.temperature)
+
+
+def record_verdict(draft: FileId, target: FileId, verdict: Verdict) -> Path:
+    """Keep ``verdict`` in the pair's user profile (replacing one for the same dataset,
+    methods and temperature); its thresholds, if calibrated, stay as they are."""
+    path = profile_path(draft.sha256, target.sha256)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = obj if isinstance(obj, dict) else {}
+    except (OSError, ValueError):
+        obj = {}
+    obj.update(schema=PROFILE_SCHEMA, draft={"sha256": draft.sha256, "size": draft.size, "name": draft.name},
+               target={"sha256": target.sha256, "size": target.size, "name": target.name})
+    kept = [raw for raw in obj.get("verdicts") or () if not (
+        isinstance(raw, Mapping) and (v := verdict_from_mapping(raw)) is not None
+        and _verdict_key(v) == _verdict_key(verdict))]
+    obj["verdicts"] = kept + [verdict.to_dict()]
+    write_json_atomic(path, obj)
+    return path
 
 
 def apply_thresholds(base: DecodeConfig, profile: Profile | None, flags: Mapping[str, Any]) -> tuple[DecodeConfig, str]:

@@ -22,7 +22,6 @@ import functools
 import hashlib
 import json
 import os
-import platform
 import socket
 import subprocess
 import uuid
@@ -32,6 +31,7 @@ from typing import Any, Mapping
 
 from .. import __version__
 from . import filehash
+from ..engine.cpu import cpu_name
 from ..engine.devices import backends, gpu_offload_supported, system_info
 from ..engine.runtime import LoadOptions
 
@@ -62,10 +62,11 @@ class Environment:
     rpc: tuple[str, ...] = ()  # llama.cpp RPC servers holding target layers
     rpc_draft: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
+    no_repack: bool = False  # --no-repack: llama.cpp's extra buffer types (repacked weights) off
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for key in ("rpc", "rpc_draft", "tensor_split"):
+        for key in ("rpc", "rpc_draft", "tensor_split", "no_repack"):
             # absent when unused, so that environments without RPC keep their env_id
             if d[key]:
                 d[key] = list(d[key])
@@ -84,6 +85,7 @@ class Environment:
             n_gpu_layers=self.n_gpu_layers_draft if draft else self.n_gpu_layers,
             flash_attn=self.flash_attn, main_gpu=self.main_gpu or 0, n_batch=self.n_batch,
             rpc=self.rpc_draft if draft else self.rpc, tensor_split=() if draft else self.tensor_split,
+            extra_bufts=False if self.no_repack else None,
         )
 
 
@@ -197,24 +199,6 @@ def machine_id() -> str:
     return hashlib.sha256(f"easd-local|{raw}".encode()).hexdigest()[:12]
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    if platform.system() == "Darwin":
-        try:
-            r = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5)
-            if r.returncode == 0 and r.stdout.strip():
-                return r.stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def _llama_cpp_python_version() -> str:
     import llama_cpp
 
@@ -249,6 +233,7 @@ def environment(target_opts: LoadOptions, draft_opts: LoadOptions | None = None,
         rpc=target_opts.rpc,
         rpc_draft=draft_opts.rpc,
         tensor_split=target_opts.tensor_split,
+        no_repack=target_opts.extra_bufts is False,
     )
 
 
