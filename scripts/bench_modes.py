@@ -6,9 +6,11 @@ speed relative to target-only decoding, on GSM8K questions through the chat temp
     python scripts/bench_modes.py --draft D.gguf --target T.gguf --n-prompts 10 --max-tokens 128
     python scripts/bench_modes.py --draft D.gguf --target T.gguf --modes target,sd --repack both
 
-``--repack both`` loads the pair twice, with llama.cpp's extra buffer types (repacked
-weights: CPU_REPACK, AMX) as the self-test decides and with them off (``--no-repack``), runs
-both on every question side by side and prints what the fallback costs (off ÷ on per mode).
+``--repack both`` runs the pair with llama.cpp's extra buffer types (repacked weights:
+CPU_REPACK, AMX) as the self-test decides and with them off (``--no-repack``), alternating
+the two in child processes ``--reps`` times each, and prints what the fallback costs (off ÷
+on per mode, from the summed tokens and seconds). Separate processes, because with both
+loaded in one process the repacked pair ran several times slower than alone on this machine.
 
 Modes are interleaved per question (target, sd, easd, easd-tf, then the next question) so
 that drift in machine load hits every mode alike. Greedy. Figures are printed, never
@@ -47,6 +49,49 @@ def tiny_pair() -> tuple[Path, Path]:
     return paths["draft"], paths["target"]
 
 
+def repack_both(a, draft, target) -> int:
+    """Repacking on and off in alternating child processes; tok/s from summed tokens and seconds."""
+    import subprocess
+
+    base = [sys.executable, __file__, "--draft", str(draft), "--target", str(target), "--modes", a.modes,
+            "--n-prompts", str(a.n_prompts), "--max-tokens", str(a.max_tokens), "--gamma", str(a.gamma), "--json"]
+    base += [f for k in ("threads", "tau_draft", "tau_target") if getattr(a, k) is not None
+             for f in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
+    runs = {"on": [], "off": []}
+    loads = []
+    for _ in range(a.reps):
+        for variant in ("on", "off"):
+            p = subprocess.run(base + ["--repack", variant], capture_output=True, text=True, check=True)
+            runs[variant].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            loads.append(os.getloadavg()[0])
+    first = runs["on"][0]
+    print(f"pair: {Path(draft).name} -> {Path(target).name}; {first['n_prompts']} GSM8K questions × {a.reps} runs "
+          f"per variant, alternating on/off in child processes; greedy, max {a.max_tokens} tokens, "
+          f"{first['threads']} threads; load avg {min(loads):.2f}-{max(loads):.2f}")
+    print(f"llama.cpp: {first['llama_system_info']}")
+    for variant in ("on", "off"):
+        print(f"repack {variant}: " + "; ".join(
+            f"{role} {r['note'] or 'weight repacking on (' + (r['detail'] or '-') + ')'}"
+            for role, r in runs[variant][0]["repacking"].items()))
+    print(f"{'mode':8} {'tok/s on':>9} {'tok/s off':>9} {'off/on':>7}   per run on | off")
+    out = {}
+    for m in first["modes"]:
+        tps = {}
+        for variant in ("on", "off"):
+            toks = sum(r["modes"][m]["tokens"] for r in runs[variant])
+            secs = sum(r["modes"][m]["tokens"] / r["modes"][m]["tokens_per_s"] for r in runs[variant]
+                       if r["modes"][m]["tokens_per_s"])
+            tps[variant] = toks / secs if secs else 0.0
+        ratio = tps["off"] / tps["on"] if tps["on"] else float("nan")
+        out[m] = {"on": round(tps["on"], 2), "off": round(tps["off"], 2), "off_over_on": round(ratio, 3)}
+        per = " ".join(f"{r['modes'][m]['tokens_per_s']:.1f}" for r in runs["on"]) + " | " + " ".join(
+            f"{r['modes'][m]['tokens_per_s']:.1f}" for r in runs["off"])
+        print(f"{m:8} {tps['on']:>9.2f} {tps['off']:>9.2f} {ratio:>7.3f}   {per}")
+    if a.json:
+        print(json.dumps({"modes": out, "loadavg": [min(loads), max(loads)]}))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--draft", type=Path)
@@ -61,10 +106,13 @@ def main() -> int:
     ap.add_argument("--repack", choices=("on", "off", "both"), default="on",
                     help="llama.cpp's weight repacking: on (as the self-test decides), off (--no-repack), or both "
                          "side by side")
+    ap.add_argument("--reps", type=int, default=2, help="with --repack both: runs of each variant, alternating")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     a = ap.parse_args()
 
     draft, target = (a.draft, a.target) if a.draft and a.target else tiny_pair()
+    if a.repack == "both":
+        return repack_both(a, draft, target)
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     # thresholds as generate/chat would use them: flags > the pair's profile > defaults
     from easd_local.store.resolve import PairFiles, resolve_config
@@ -73,22 +121,19 @@ def main() -> int:
     base, tau_source = resolve_config(DecodeConfig(max_tokens=a.max_tokens, gamma=a.gamma),
                                       PairFiles(draft=Path(draft), target=Path(target), label="bench"), flags)
     t0 = time.perf_counter()
-    variants = {"on": ("", None), "off": (" nr", False)}
-    pairs = {suffix: load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads, extra_bufts=extra))
-             for key, (suffix, extra) in variants.items() if a.repack in (key, "both")}
+    extra = False if a.repack == "off" else None  # None: the self-test decides
+    pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads, extra_bufts=extra))
     load_s = time.perf_counter() - t0
     problems = load_dataset("gsm8k", limit=a.n_prompts)
-    agg = {m + suffix: Stats() for m in modes for suffix in pairs}
+    agg = {m: Stats() for m in modes}
     for prob in problems:
-        prompt = next(iter(pairs.values())).target.vocab.chat_tokens(build_messages(prob.question))
+        prompt = pair.target.vocab.chat_tokens(build_messages(prob.question))
         for m in modes:
-            for suffix, pair in pairs.items():  # side by side: drift in load hits both alike
-                # a fresh cache for each run: every mode pays for its own prompt
-                pair.target.reset()
-                pair.draft.reset()
-                fin, _ = decoding.generate_all(pair.target, pair.draft, prompt, base.replace(mode=m),
-                                               n_vocab=pair.n_vocab)
-                agg[m + suffix] = agg[m + suffix] + fin.stats
+            # a fresh cache for each run: every mode pays for its own prompt
+            pair.target.reset()
+            pair.draft.reset()
+            fin, _ = decoding.generate_all(pair.target, pair.draft, prompt, base.replace(mode=m), n_vocab=pair.n_vocab)
+            agg[m] = agg[m] + fin.stats
     rows = {}
     for m, g in agg.items():
         # decode seconds after the prompt (the prompt's decodes are all in seconds_prompt)
@@ -121,11 +166,7 @@ def main() -> int:
                         rows[m]["tokens_per_s_e2e"] / rows["target"]["tokens_per_s_e2e"], 3)
     if "sd" in rows and "easd" in rows and rows["sd"]["tokens_per_s"]:
         ratios["easd/sd"] = round(rows["easd"]["tokens_per_s"] / rows["sd"]["tokens_per_s"], 3)
-    for m in modes:
-        if m + " nr" in rows and m in rows and rows[m]["tokens_per_s"]:
-            ratios[f"{m} repack off/on"] = round(rows[m + " nr"]["tokens_per_s"] / rows[m]["tokens_per_s"], 3)
-    repacking = {("off" if suffix else "on"): {role: getattr(p, role).repack.to_dict() for role in ("target", "draft")}
-                 for suffix, p in pairs.items()}
+    repacking = {role: getattr(pair, role).repack.to_dict() for role in ("target", "draft")}
     out = dict(draft=str(draft), target=str(target), n_prompts=len(problems), max_tokens=a.max_tokens,
                gamma=a.gamma, threads=a.threads or os.cpu_count(), load_s=round(load_s, 2),
                tau_draft=base.tau_draft, tau_target=base.tau_target, tau_source=tau_source, modes=rows, ratios=ratios,
@@ -137,19 +178,16 @@ def main() -> int:
           f"max {a.max_tokens} tokens, gamma {a.gamma}, {out['threads']} threads, "
           f"tau_d={base.tau_draft:g} tau_t={base.tau_target:g} ({tau_source}); load avg {out['loadavg']:.2f}")
     print(f"llama.cpp: {out['llama_system_info']}")
-    for key, roles in repacking.items():
-        print(f"repack {key}: " + "; ".join(
-            f"{role} {r['note'] or 'weight repacking on (' + (r['detail'] or '-') + ')'}" for role, r in roles.items()))
-    if len(pairs) > 1:
-        print("mode suffix ' nr': the same pair loaded with --no-repack")
+    print("repacking: " + "; ".join(f"{role} {r['note'] or 'weight repacking on (' + (r['detail'] or '-') + ')'}"
+                                    for role, r in repacking.items()))
     print("tok/s: generated tokens / generation seconds (prompt excluded, as llama.cpp's eval rate); "
           "e2e: prompt included; prompt s: mean per question")
     print("ms/token: generation time per generated token inside target decodes / draft decodes / elsewhere")
-    hdr = f"{'mode':11} {'tokens':>7} {'tok/s':>8} {'e2e':>6} {'prompt s':>8} {'ms/token t/d/other':>19} {'ctrl%':>6} {'accept':>7} {'fires/100':>9} {'consult':>8} {'tok/verify':>10}"
+    hdr = f"{'mode':8} {'tokens':>7} {'tok/s':>8} {'e2e':>6} {'prompt s':>8} {'ms/token t/d/other':>19} {'ctrl%':>6} {'accept':>7} {'fires/100':>9} {'consult':>8} {'tok/verify':>10}"
     print(hdr)
     for m, r in rows.items():
         f = lambda v, fmt: (fmt.format(v) if v is not None else "-")  # noqa: E731
-        print(f"{m:11} {r['tokens']:>7} {r['tokens_per_s']:>8.2f} {r['tokens_per_s_e2e']:>6.2f} {r['prompt_s']:>8.3f} "
+        print(f"{m:8} {r['tokens']:>7} {r['tokens_per_s']:>8.2f} {r['tokens_per_s_e2e']:>6.2f} {r['prompt_s']:>8.3f} "
               f"{'/'.join(format(r['ms_per_token'][k], '.1f') for k in ('target', 'draft', 'other')):>19} "
               f"{100 * r['controller_share']:>5.1f}% "
               f"{f(r['acceptance'], '{:.3f}'):>7} {r['easd_fires_per_100']:>9.2f} {f(r['draft_consult_rate'], '{:.3f}'):>8} "
