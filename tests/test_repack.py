@@ -54,10 +54,11 @@ def test_self_test_runs_in_a_child_once_and_is_remembered(probing, realistic_mod
     with Model(target, LoadOptions(n_ctx=256, n_threads=2)) as m:
         first = m.repack
     assert len(calls) == 1 and not first.cached and first.seconds is not None
-    assert first.verdict == "ok" and first.extra_bufts  # this machine's kernels survive
+    # "crash" on a CPU whose kernels die (an AMX Xeon of llama.cpp #20824): then repacking is off
+    assert first.verdict in ("ok", "crash") and first.extra_bufts == (first.verdict == "ok")
     assert len(_verdicts(probing)) == 1
     with Model(target, LoadOptions(n_ctx=256, n_threads=2)) as m:  # a second start: no self-test
-        assert m.repack.cached and m.repack.verdict == "ok"
+        assert m.repack.cached and m.repack.verdict == first.verdict
     assert len(calls) == 1
     # another CPU (or build) is another key: tested again
     monkeypatch.setattr(repack, "cpu_name", lambda: "Intel(R) Xeon(R) Platinum 8480+")
@@ -105,18 +106,19 @@ def test_simulated_crash_reaches_json_and_the_load(realistic_models, easd_home):
         assert out["placement"][role]["repack"]["extra_bufts"] is False
 
 
-def test_no_repack_reaches_llama_cpp(realistic_models, easd_home):
+def test_no_repack_reaches_llama_cpp(realistic_models, probing):
     args = ["generate", "Hello", "-md", realistic_models["draft"], "-m", realistic_models["target"], "-n", "2",
             "--threads", "2", "--verbose", "--raw"]
-    on = _cli(args, easd_home)
-    off = _cli(args + ["--no-repack"], easd_home)
+    on = _cli(args, probing)  # the real self-test decides
+    off = _cli(args + ["--no-repack"], probing)
     assert on.returncode == 0 and off.returncode == 0, (on.stderr[-2000:], off.stderr[-2000:])
     loaded = [ln for ln in off.stderr.splitlines() if "model buffer size" in ln]
     assert loaded and not any("REPACK" in ln or "AMX" in ln for ln in loaded), loaded
     assert "weight repacking off (--no-repack)" in off.stderr
-    if "REPACK = 1" in devices.system_info():  # this build repacks: the flag changed something
+    if "REPACK = 1" in devices.system_info() and "weight repacking off" not in on.stderr:
+        # this build repacks and the self-test let it: the flag changed something
         assert any("REPACK" in ln or "AMX" in ln for ln in on.stderr.splitlines() if "model buffer size" in ln)
-    r = _cli(["models", "check", realistic_models["draft"], realistic_models["target"], "--load", "-nr"], easd_home)
+    r = _cli(["models", "check", realistic_models["draft"], realistic_models["target"], "--load", "-nr"], probing)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "weight repacking off (--no-repack)", r.stdout
 
 
@@ -144,8 +146,17 @@ def test_realistic_pair_agrees_with_extra_buffers_on_and_off(realistic_models, t
         out = tmp_path / f"{key}-{int(extra)}.npy"
         p = subprocess.run([sys.executable, "-c", _LOGITS_CHILD, str(path), "1" if extra else "0", str(out)],
                            capture_output=True, text=True, timeout=300)
+        if extra and p.returncode < 0:
+            # the extra-buffer kernels die on this CPU (llama.cpp #20824): the product's answer is
+            # the self-test, which must say so, and the plain kernels, which must work
+            verdict = repack.self_test(path, threads=2, n_gpu_layers=0)
+            assert verdict.verdict == "crash" and not verdict.extra_bufts, verdict
+            crashed = f"extra buffer types crash on this CPU (signal {-p.returncode}); the self-test turns them off"
+            continue
         assert p.returncode == 0, f"extra buffers {'on' if extra else 'off'}: exit {p.returncode}\n{p.stderr[-2000:]}"
         got[extra] = (np.load(out), p.stdout.strip().split(","))
+    if True not in got:
+        pytest.skip(crashed)
     assert not repack.extra_buffers(got[False][1])
     diff = np.abs(got[True][0] - got[False][0])
     assert diff.max() <= MAX_ABS_TOL and diff.mean() <= MEAN_ABS_TOL, (diff.max(), diff.mean(), got[True][1])
