@@ -9,7 +9,7 @@ speed relative to target-only decoding, on GSM8K questions through the chat temp
 ``--repack both`` runs the pair with llama.cpp's extra buffer types (repacked weights:
 CPU_REPACK, AMX) as the self-test decides and with them off (``--no-repack``), alternating
 the two in child processes ``--reps`` times each, and prints what the fallback costs (off ÷
-on per mode, from the summed tokens and seconds). Separate processes, because with both
+on per mode, from each variant's median run). Separate processes, because with both
 loaded in one process the repacked pair ran several times slower than alone on this machine.
 
 Modes are interleaved per question (target, sd, easd, easd-tf, then the next question) so
@@ -20,6 +20,7 @@ asserted: speed targets live here, not in tests.
 from __future__ import annotations
 
 import argparse
+import statistics
 import json
 import os
 import sys
@@ -50,7 +51,7 @@ def tiny_pair() -> tuple[Path, Path]:
 
 
 def repack_both(a, draft, target) -> int:
-    """Repacking on and off in alternating child processes; tok/s from summed tokens and seconds."""
+    """Repacking on and off in alternating child processes; tok/s: the median run of each."""
     import subprocess
 
     base = [sys.executable, __file__, "--draft", str(draft), "--target", str(target), "--modes", a.modes,
@@ -73,15 +74,11 @@ def repack_both(a, draft, target) -> int:
         print(f"repack {variant}: " + "; ".join(
             f"{role} {r['note'] or 'weight repacking on (' + (r['detail'] or '-') + ')'}"
             for role, r in runs[variant][0]["repacking"].items()))
-    print(f"{'mode':8} {'tok/s on':>9} {'tok/s off':>9} {'off/on':>7}   per run on | off")
+    print(f"{'mode':8} {'tok/s on':>9} {'tok/s off':>9} {'off/on':>7}   per run on | off  (medians of the runs: a run "
+          "disturbed by other load does not drag the figure)")
     out = {}
     for m in first["modes"]:
-        tps = {}
-        for variant in ("on", "off"):
-            toks = sum(r["modes"][m]["tokens"] for r in runs[variant])
-            secs = sum(r["modes"][m]["tokens"] / r["modes"][m]["tokens_per_s"] for r in runs[variant]
-                       if r["modes"][m]["tokens_per_s"])
-            tps[variant] = toks / secs if secs else 0.0
+        tps = {v: statistics.median(r["modes"][m]["tokens_per_s"] for r in runs[v]) for v in ("on", "off")}
         ratio = tps["off"] / tps["on"] if tps["on"] else float("nan")
         out[m] = {"on": round(tps["on"], 2), "off": round(tps["off"], 2), "off_over_on": round(ratio, 3)}
         per = " ".join(f"{r['modes'][m]['tokens_per_s']:.1f}" for r in runs["on"]) + " | " + " ".join(
