@@ -4,7 +4,9 @@ Every error a client can cause is answered with the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}`` and a 4xx status; a failure inside
 decoding ends that request (500 before the first byte, an error event in a stream) and the
 server goes on. Streams are server-sent events (sse-starlette), ending with ``data: [DONE]``;
-a client that goes away, streamed or not, has its sequence cancelled at once.
+a client that goes away, streamed or not, has its sequence cancelled at once. Each streamed
+chunk also says which tokens its text came from (``easd_tokens``, server/spans.py), which the
+chat page at GET / (server/webui.py) colours by origin.
 """
 
 from __future__ import annotations

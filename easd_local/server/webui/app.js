@@ -334,7 +334,7 @@
 
   async function send() {
     const text = $("input").value;
-    if (!text.trim() || state.running) return;
+    if (!text.trim() || state.running || !state.props) return;
     $("input").value = "";
     state.history.push({ role: "user", content: text });
     const u = document.createElement("li");
@@ -465,7 +465,7 @@
 
   async function compare() {
     const prompt = $("compare-input").value;
-    if (!prompt.trim() || state.running) return;
+    if (!prompt.trim() || state.running || !state.props) return;
     const modes = [$("mode-a").value, $("mode-b").value];
     const body = settingsBody();
     delete body.mode;
