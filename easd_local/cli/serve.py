@@ -56,10 +56,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                            help="Require 'Authorization: Bearer KEY' (all endpoints but /health). \\[default: none: no key]")] = None,
         max_body: Annotated[int, typer.Option("--max-body", help="Largest request body in bytes (413 past it).")] = 4 * 1024 * 1024,
         log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level (info shows each request).")] = "info",
+        webui: Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (tokens coloured "
+                                                                      "by origin).")] = True,
         **kw,
     ) -> None:
         """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
-        /v1/models, /health, /metrics).
+        /v1/models, /health, /metrics, /props) and a chat page in the browser at / (--no-webui: off).
 
         The decoding flags set the defaults; a request may override them with its own fields
         (temperature, top_p, seed, max_tokens, and mode, gamma, tau_draft, tau_target, top_n,
@@ -86,10 +88,11 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             raise ConfigError(f"--log-level must be critical, error, warning, info or debug, got {log_level!r}")
         spec, cfg, source, why = o.pair_and_config(kw, flags, DecodeConfig())
         sock = listen_socket(host, port)
-        _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host)
+        _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host, webui)
 
 
-def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host) -> None:
+def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host,
+         webui) -> None:
     import uvicorn
 
     from ..server.app import ServeConfig, create_app
@@ -110,7 +113,7 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
     engine = Engine(lambda: open_models(spec.draft, spec.target, topts, dopts), parallel, queue,
                     on_load_failed=on_load_failed, on_loaded=on_loaded)
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
-                                         api_key=api_key, max_body=max_body))
+                                         api_key=api_key, max_body=max_body, webui=webui))
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
     server = uvicorn.Server(config)
     server_box.append(server)
@@ -125,6 +128,8 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
                           "this address can use the models", markup=True)
     err_console.print(f"listening on http://{shown}:{bound_port}/v1 (models loading; /health says when ready)",
                       soft_wrap=True)
+    if webui:
+        err_console.print(f"chat page: http://{shown}:{bound_port}/", soft_wrap=True)
     engine.start()
     try:
         server.run(sockets=[sock])

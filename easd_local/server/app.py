@@ -4,7 +4,9 @@ Every error a client can cause is answered with the OpenAI error shape
 ``{"error": {"message", "type", "param", "code"}}`` and a 4xx status; a failure inside
 decoding ends that request (500 before the first byte, an error event in a stream) and the
 server goes on. Streams are server-sent events (sse-starlette), ending with ``data: [DONE]``;
-a client that goes away, streamed or not, has its sequence cancelled at once.
+a client that goes away, streamed or not, has its sequence cancelled at once. Each streamed
+chunk also says which tokens its text came from (``easd_tokens``, server/spans.py), which the
+chat page at GET / (server/webui.py) colours by origin.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from .metrics import CONTENT_TYPE
 from .protocol import ApiError, ApiRequest, bad, parse_request, request_config
 from .responses import (Tally, chunk, completion, finish_reason, new_id, timings_from_stats, timings_from_tally,
                         usage, usage_chunk)
+from .spans import TokenSpans
 from .stops import StopMatcher
+from . import webui
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to this, so the client sees the 413
@@ -46,6 +50,7 @@ class ServeConfig:
     thresholds_source: str
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
+    webui: bool = True  # the chat page at GET / (--no-webui: off)
 
 
 class ClientGone(Exception):
@@ -127,21 +132,26 @@ class Completion:
         self.id = new_id(req.kind)
         self.created = int(time.time())
         self.end: tuple[str, dict, dict] | None = None  # finish_reason, usage, timings
+        self.last_tokens: list[dict] = []  # easd_tokens records not sent with a piece of text
 
-    async def pieces(self) -> AsyncIterator[str]:
+    async def pieces(self) -> AsyncIterator[tuple[str, list[dict]]]:
+        """(text, the easd_tokens records of that text) as the stop strings release it."""
         stop = StopMatcher(self.req.stop)
         tally = Tally(self.prompt_n)
+        spans = TokenSpans()
         over = False
         try:
             while True:
                 msg = await self.queue.get()
                 if isinstance(msg, TokenEvent):
                     tally.add(msg)
+                    spans.token(msg)
                     text = stop.feed(msg.text)
                     if text:
-                        yield text
+                        yield text, spans.take(len(text))
                     if stop.stopped:
                         over = True
+                        self.last_tokens = spans.finish()
                         self.engine.cancel(self.job, "stop")
                         stats = await self._stats_after_stop()
                         if stats is not None:
@@ -153,10 +163,12 @@ class Completion:
                         return
                 elif isinstance(msg, Finished):
                     over = True
+                    spans.tail(msg.tail)
                     text = stop.feed(msg.tail)
                     text += stop.flush()
                     if text:
-                        yield text
+                        yield text, spans.take(len(text))
+                    self.last_tokens = spans.finish()
                     s = msg.stats
                     reason = "stop" if stop.stopped else finish_reason(s.stop_reason)
                     self.end = (reason, usage(s.prompt_tokens, s.tokens),
@@ -193,7 +205,7 @@ class Completion:
             return None
 
     async def collect(self) -> dict:
-        text = "".join([p async for p in self.pieces()])
+        text = "".join([p async for p, _ in self.pieces()])
         reason, usage_, timings = self.end
         return completion(self.req.kind, self.id, self.created, self.model, text, reason, usage_, timings)
 
@@ -202,14 +214,15 @@ class Completion:
         if kind == "chat":
             yield json.dumps(chunk(*args, "", role=True))
         try:
-            async for text in self.pieces():
-                yield json.dumps(chunk(*args, text), ensure_ascii=False)
+            async for text, tokens in self.pieces():
+                yield json.dumps(chunk(*args, text, tokens=tokens), ensure_ascii=False)
         except ApiError as e:
             yield json.dumps(e.body())
             yield "[DONE]"
             return
         reason, usage_, timings = self.end
-        yield json.dumps(chunk(*args, None if kind == "chat" else "", finish=reason, timings=timings))
+        yield json.dumps(chunk(*args, None if kind == "chat" else "", finish=reason, timings=timings,
+                               tokens=self.last_tokens), ensure_ascii=False)
         if self.req.include_usage:
             yield json.dumps(usage_chunk(kind, self.id, self.created, self.model, usage_, timings))
         yield "[DONE]"
@@ -251,6 +264,14 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
         if engine.provenance is not None:  # what produces this server's results (as bench rows record it)
             entry["meta"] = {"provenance": engine.provenance}
         return JSONResponse({"object": "list", "data": [entry]})
+
+    async def props(request: HttpRequest) -> Response:
+        try:
+            check_key(request)
+            check_ready()
+        except ApiError as e:
+            return error_response(e)
+        return JSONResponse(webui.props(conf.model_name, conf.base, conf.thresholds_source, engine.pair, conf.webui))
 
     async def metrics(request: HttpRequest) -> Response:
         try:
@@ -345,5 +366,8 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/props", props, methods=["GET"]),
     ]
+    if conf.webui:
+        routes += webui.page_routes()
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})

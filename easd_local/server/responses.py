@@ -126,9 +126,10 @@ def completion(kind: str, rid: str, created: int, model: str, text: str, finish:
 
 
 def chunk(kind: str, rid: str, created: int, model: str, text: str | None, *, finish: str | None = None,
-          role: bool = False, timings: dict | None = None) -> dict:
+          role: bool = False, timings: dict | None = None, tokens: list[dict] | None = None) -> dict:
     """One streamed chunk with a piece of text (``role`` on the first chat chunk), or the
-    final one with ``finish`` and the statistics."""
+    final one with ``finish`` and the statistics. ``tokens``: the ``easd_tokens`` extension
+    (server/spans.py), which OpenAI clients ignore."""
     if kind == "chat":
         delta: dict = {"role": "assistant"} if role else {}
         if text is not None:
@@ -139,6 +140,8 @@ def chunk(kind: str, rid: str, created: int, model: str, text: str | None, *, fi
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
     out = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+    if tokens:
+        out["easd_tokens"] = tokens
     if timings is not None:
         out["timings"] = timings
     return out

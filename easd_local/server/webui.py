@@ -1,0 +1,79 @@
+"""The browser chat page of `serve` (GET /) and what it asks the server (GET /props).
+
+The page is four static files shipped in the package (server/webui/: HTML, CSS, a small
+script, an icon), read once when the app is made: no build step, no CDN, so it works offline. Its
+script talks to the same OpenAI endpoints as any client and reads the ``easd_tokens``
+stream extension (server/spans.py) to colour each token by origin. ``props`` is what
+the page needs to know before the first request: the pair, the server's defaults with
+their source, the modes the loaded models can run (from engine/modes.py's table) and the
+token origins (engine/rules.py's list).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..engine.config import DecodeConfig, not_lossless
+from ..engine.decoding import ORIGINS, json_number
+from ..engine.modes import MODE_TABLE, MODES
+from ..engine.pair import Pair
+from .responses import lossless
+
+FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
+         "style.css": "text/css; charset=utf-8", "icon.svg": "image/svg+xml"}
+# the page needs nothing from elsewhere: anything else it tried to load would be refused
+HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+                               "base-uri 'none'; form-action 'none'",
+}
+
+
+def read_files() -> dict[str, bytes]:
+    folder = resources.files(__package__).joinpath("webui")
+    return {name: folder.joinpath(name).read_bytes() for name in FILES}
+
+
+def page_routes() -> list[Route]:
+    """GET / (the page) and GET /webui/{name} (its script, style sheet and icon)."""
+    files = read_files()
+
+    def send(name: str) -> Response:
+        return Response(files[name], media_type=FILES[name], headers=HEADERS)
+
+    async def index(request: HttpRequest) -> Response:
+        return send("index.html")
+
+    async def asset(request: HttpRequest) -> Response:
+        name = request.path_params["name"]
+        if name not in files or name == "index.html":
+            raise HTTPException(404, "Not Found")
+        return send(name)
+
+    return [Route("/", index, methods=["GET"]), Route("/webui/{name}", asset, methods=["GET"])]
+
+
+def props(model_name: str, base: DecodeConfig, thresholds_source: str, pair: Pair, webui: bool) -> dict:
+    """The server's settings as the page (or any client) needs them, in requests' terms."""
+    modes = []
+    for name in MODES:
+        m = MODE_TABLE[name]
+        if (m.needs_draft and pair.draft is None) or (m.needs_target and pair.target is None):
+            continue  # this server did not load the model the mode needs
+        modes.append({"name": name, "lossless": m.lossless, "gated": m.gated, "speculative": m.speculative,
+                      "note": not_lossless(name) or "lossless: the output is the target's own"})
+    defaults = {
+        "mode": base.mode, "max_tokens": base.max_tokens, "temperature": base.temperature, "top_k": base.top_k,
+        "top_p": base.top_p, "gamma": base.gamma, "tau_draft": json_number(base.tau_draft),
+        "tau_target": json_number(base.tau_target), "top_n": base.top_n, "overlap": base.overlap,
+        "penalty": base.penalty, "lossless": lossless(base), "thresholds_source": thresholds_source,
+    }
+    return {"model": model_name, "defaults": defaults, "modes": modes, "origins": list(ORIGINS),
+            "n_vocab": pair.n_vocab, "webui": webui}

@@ -1,0 +1,369 @@
+"""The chat page of `easd-local serve` (GET /) in a real headless Chromium, against a real
+server process on the tiny pair; and the ``easd_tokens`` stream extension it reads, through
+the official `openai` client (which must go on working as before).
+
+The browser tests skip, and say why, where no Chromium and chromedriver are installed
+(scripts/install_browser.py installs Debian's).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import openai
+import pytest
+from browser_helpers import chrome, find_browser, set_field, wait
+from serve_helpers import ServerProc, http, metric_values
+
+from easd_local.engine.decoding import ORIGINS
+from easd_local.engine.modes import MODES
+
+# the server's defaults: easd with thresholds at which the gate fires at some positions of
+# the tiny pair's output but not at all, so a reply mixes origins
+SERVER_FLAGS = ["--mode", "easd", "--tau-draft", "0.5", "--tau-target", "0.5", "--overlap", "0.2",
+                "--max-tokens", "40", "--ctx", "1024", "--threads", "1", "--parallel", "2"]
+# which `timings` field counts the tokens of each origin (draft-only: draft mode's tokens)
+COUNT_FIELD = {"draft": "draft_n_accepted", "target": "target_tokens", "resampled": "sd_rejections",
+               "easd": "gate_fires", "bonus": "bonus"}
+METRIC = {"draft": "easd_draft_accepted_tokens_total", "resampled": "easd_sd_rejections_total",
+          "easd": "easd_gate_fires_total", "bonus": "easd_bonus_tokens_total"}
+PROMPT = "Tell me a story"
+
+BROWSER, DRIVER, NO_BROWSER = find_browser()
+needs_browser = pytest.mark.skipif(bool(NO_BROWSER), reason=NO_BROWSER or "")
+
+
+def start(tiny_draft, tiny_target, tmp, *extra, env=None) -> ServerProc:
+    srv = ServerProc(["--draft", str(tiny_draft), "--target", str(tiny_target), *SERVER_FLAGS, *extra],
+                     tmp / "server.log", env={"EASD_LOCAL_HOME": str(tmp / "home"), "EASD_LOCAL_API_KEY": None,
+                                              **(env or {})})
+    srv.wait_ready()
+    return srv
+
+
+@pytest.fixture(scope="module")
+def server(tiny_draft, tiny_target, tmp_path_factory):
+    srv = start(tiny_draft, tiny_target, tmp_path_factory.mktemp("webui"))
+    yield srv
+    out = srv.stop()
+    assert "Traceback" not in out, out
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def browser():
+    d = chrome(BROWSER, DRIVER)
+    yield d
+    d.quit()
+
+
+def origin_counts(timings: dict) -> dict:
+    """Tokens of each origin as decoding counted them (draft-only: the rest)."""
+    counts = {o: timings[f] for o, f in COUNT_FIELD.items()}
+    counts["draft-only"] = timings["predicted_n"] - sum(counts.values())
+    return {o: n for o, n in counts.items() if n}
+
+
+def page_tokens(d, selector: str) -> list[dict]:
+    """The token spans under ``selector`` in document order: index, origin, text, figures."""
+    return d.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(s => ({i: Number(s.dataset.i), "
+        "origin: s.dataset.origin, text: s.textContent, h_draft: s.dataset.h_draft ?? null}))", selector)
+
+
+def open_page(d, server) -> None:
+    d.get(server.base + "/")
+    wait(d, "document.body.dataset.ready", what="the page to load the server's settings")
+
+
+def no_console_errors(d) -> None:
+    severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe
+
+
+# ------------------------------------------------------------------ HTTP, no browser
+def test_page_files_ship_in_the_package():
+    """A wheel carries the page: pyproject's package-data covers every file the app serves."""
+    import fnmatch
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    from easd_local.server import webui
+
+    repo = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for name in webui.FILES:
+        assert (repo / "easd_local" / "server" / "webui" / name).is_file(), name
+        assert any(fnmatch.fnmatch(f"webui/{name}", p) for p in patterns["easd_local.server"]), name
+
+
+def test_page_assets_and_props(server, tiny_draft, tiny_target):
+    status, headers, body = http("GET", server.base + "/")
+    assert status == 200 and headers["content-type"].startswith("text/html")
+    assert "default-src 'self'" in headers["content-security-policy"]  # nothing from elsewhere
+    assert '<script src="/webui/app.js"' in body and "http" not in body.replace("http-equiv", "")
+    for name, kind in (("app.js", "text/javascript"), ("style.css", "text/css"), ("icon.svg", "image/svg+xml")):
+        status, headers, _ = http("GET", f"{server.base}/webui/{name}")
+        assert status == 200 and headers["content-type"].startswith(kind), name
+    status, _, err = http("GET", server.base + "/webui/nope.js")
+    assert status == 404 and err["error"]["type"] == "not_found_error"
+    status, _, props = http("GET", server.base + "/props")
+    assert status == 200 and props["model"] == f"{tiny_draft.stem}+{tiny_target.stem}"
+    d = props["defaults"]
+    assert d["mode"] == "easd" and d["tau_draft"] == 0.5 and d["overlap"] == 0.2 and d["max_tokens"] == 40
+    assert d["thresholds_source"] == "flags" and d["lossless"] is False
+    assert [m["name"] for m in props["modes"]] == list(MODES) and props["origins"] == list(ORIGINS)
+    assert {m["name"]: m["lossless"] for m in props["modes"]}["sd"] is True and props["webui"] is True
+
+
+def test_stream_extension_through_the_official_client(client, server):
+    """The official client parses the extended chunks as before and keeps the extension in
+    model_extra; its records are the reply's tokens, counted as decoding counted them."""
+    name = client.models.list().data[0].id
+    msgs = [{"role": "user", "content": PROMPT}]
+    full = client.chat.completions.create(model=name, messages=msgs)
+    chunks = list(client.chat.completions.create(model=name, messages=msgs, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    recs = [r for c in chunks for r in (c.model_extra.get("easd_tokens") or [])]
+    for c in chunks:  # a chunk's records are that chunk's text
+        if c.choices and c.choices[0].delta.content:
+            assert "".join(r["text"] for r in c.model_extra["easd_tokens"]) == c.choices[0].delta.content
+    t = chunks[-1].model_extra["timings"]
+    assert [r["i"] for r in recs] == list(range(t["predicted_n"])) == list(range(chunks[-1].usage.completion_tokens))
+    assert "".join(r["text"] for r in recs) == text
+    assert dict(Counter(r["origin"] for r in recs)) == origin_counts(t)
+    assert len(set(r["origin"] for r in recs)) >= 2, recs  # the thresholds give a mix
+    fired = [r for r in recs if r["origin"] == "easd"]
+    assert fired and all(r["h_draft"] >= 0.5 and r["h_target"] >= 0.5 and r["overlap"] >= 0.2 for r in fired)
+
+    # a stop string: the records cover exactly the text returned, one index per token counted
+    stop = text[4:6]
+    chunks = list(client.chat.completions.create(model=name, messages=msgs, stream=True, stop=[stop],
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content[: full.choices[0].message.content.find(stop)]
+    recs = [r for c in chunks for r in (c.model_extra.get("easd_tokens") or [])]
+    assert "".join(r["text"] for r in recs) == text
+    assert sorted(set(r["i"] for r in recs)) == list(range(chunks[-1].usage.completion_tokens))
+
+
+def test_no_webui(tiny_draft, tiny_target, tmp_path):
+    srv = start(tiny_draft, tiny_target, tmp_path, "--no-webui")
+    try:
+        assert "chat page" not in srv.output()
+        status, _, err = http("GET", srv.base + "/")
+        assert status == 404 and err["error"]["type"] == "not_found_error"
+        assert http("GET", srv.base + "/webui/app.js")[0] == 404
+        status, _, props = http("GET", srv.base + "/props")
+        assert status == 200 and props["webui"] is False
+        assert http("GET", srv.base + "/v1/models")[0] == 200
+    finally:
+        out = srv.stop()
+    assert "Traceback" not in out, out
+
+
+# ------------------------------------------------------------------ in the browser
+@needs_browser
+def test_chat_page_colours_tokens_by_origin(server, client, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    d = browser
+    open_page(d, server)
+    assert "easd (not lossless)" in d.find_element(By.ID, "server-line").text
+    assert "flags" in d.find_element(By.ID, "source-note").text
+    before = metric_values(http("GET", server.base + "/metrics")[2])
+
+    d.find_element(By.ID, "input").send_keys(PROMPT)
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelector('.msg.assistant')?.dataset.state === 'done'", what="the reply")
+    toks = page_tokens(d, ".msg.assistant .tok")
+    t = json.loads(d.find_element(By.CSS_SELECTOR, ".msg.assistant").get_attribute("data-timings"))
+    assert [x["i"] for x in toks] == list(range(t["predicted_n"]))
+    # one span per token, its class the origin that decoding counted
+    classes = d.execute_script("return [...document.querySelectorAll('.msg.assistant .tok')].map(s => s.className)")
+    assert classes == [f"tok o-{x['origin']}" for x in toks]
+    assert dict(Counter(x["origin"] for x in toks)) == origin_counts(t)
+    assert t["gate_fires"] > 0 and len(set(x["origin"] for x in toks)) >= 2
+    # ... and as the server's own counters moved for this one request
+    after = metric_values(http("GET", server.base + "/metrics")[2])
+    for origin, metric in METRIC.items():
+        key = (metric, frozenset({("mode", "easd")}))
+        assert after.get(key, 0) - before.get(key, 0) == sum(x["origin"] == origin for x in toks), origin
+    # the page shows the text the API gives for the same request
+    same = client.chat.completions.create(model=client.models.list().data[0].id, messages=[{"role": "user", "content": PROMPT}])
+    assert "".join(x["text"] for x in toks) == same.choices[0].message.content
+    stats = d.find_element(By.CSS_SELECTOR, ".msg.assistant .stats").text
+    for part in (f"{t['predicted_n']} tokens", f"n_drafted {t['draft_n']}", f"n_accept {t['draft_n_accepted']}",
+                 f"gate fires {t['gate_fires']}", "tok/verify", "easd: not lossless"):
+        assert part in stats, (part, stats)
+    legend = d.find_element(By.CSS_SELECTOR, "#legend-list li[data-origin='easd']").text
+    assert f"{t['gate_fires']} in the last reply" in legend
+
+    # a gate fire's details: its origin and the entropies it fired on (click = tap)
+    fire = d.find_element(By.CSS_SELECTOR, ".msg.assistant .tok.o-easd")
+    fire.click()
+    info = d.find_element(By.ID, "token-info").text
+    assert "gate fire" in info and f"{float(fire.get_attribute('data-h_draft')):.3f} nats" in info
+    # keyboard: focus the reply, arrows move between its tokens
+    reply = d.find_element(By.CSS_SELECTOR, ".msg.assistant .reply")
+    reply.send_keys(Keys.HOME)
+    reply.send_keys(Keys.ARROW_RIGHT)
+    assert d.execute_script("return document.querySelector('.msg.assistant .tok.active').dataset.i") == "1"
+    assert "token 2: " in d.find_element(By.ID, "token-info").text
+    d.save_screenshot(str(tmp_path / "chat.png"))
+    assert (tmp_path / "chat.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # a second turn sends the conversation so far; Enter sends
+    d.find_element(By.ID, "input").send_keys("And then?", Keys.ENTER)
+    wait(d, "document.querySelectorAll('.msg.assistant')[1]?.dataset.state === 'done'", what="the second reply")
+    t2 = json.loads(d.find_elements(By.CSS_SELECTOR, ".msg.assistant")[1].get_attribute("data-timings"))
+    assert t2["prompt_n"] > t["prompt_n"] + t["predicted_n"] - 1
+    d.find_element(By.ID, "new-chat").click()
+    assert d.find_elements(By.CSS_SELECTOR, "#messages li") == []
+    no_console_errors(d)
+
+
+@needs_browser
+def test_settings_go_with_the_request(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    d = browser
+    open_page(d, server)
+    Select(d.find_element(By.ID, "set-mode")).select_by_value("sd")
+    assert "lossless" in d.find_element(By.ID, "mode-note").text
+    mt = d.find_element(By.ID, "set-max_tokens")
+    mt.clear()
+    mt.send_keys("7")
+    d.find_element(By.ID, "input").send_keys("hello there")
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelector('.msg.assistant')?.dataset.state === 'done'")
+    t = json.loads(d.find_element(By.CSS_SELECTOR, ".msg.assistant").get_attribute("data-timings"))
+    assert t["mode"] == "sd" and t["lossless"] is True and t["predicted_n"] <= 7
+    assert t["thresholds_source"] == "flags"  # thresholds untouched: the server's
+    assert "sd: lossless" in d.find_element(By.CSS_SELECTOR, ".msg.assistant .stats").text
+    tau = d.find_element(By.ID, "set-tau_target")
+    tau.clear()
+    tau.send_keys("nope")
+    assert "set here for this request" in d.find_element(By.ID, "source-note").text
+    d.find_element(By.ID, "input").send_keys("hi")
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelectorAll('.msg.assistant')[1]?.dataset.state === 'error'")
+    err = d.find_elements(By.CSS_SELECTOR, ".msg.assistant")[1].find_element(By.CSS_SELECTOR, ".error").text
+    assert "tau_target" in err  # the server's 400, shown as it said it
+    # stop: a request aborted at once ends as stopped, and the page goes on
+    d.find_element(By.ID, "reset-settings").click()
+    d.find_element(By.ID, "input").send_keys("Count: one two")
+    d.execute_script("document.getElementById('send').click(); document.getElementById('stop').click();")
+    wait(d, "document.querySelectorAll('.msg.assistant')[2]?.dataset.state === 'stopped'")
+    assert d.find_element(By.ID, "send").is_enabled() and not d.find_element(By.ID, "stop").is_enabled()
+    d.find_element(By.ID, "input").send_keys("ok")
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelectorAll('.msg.assistant')[3]?.dataset.state === 'done'")
+
+
+@needs_browser
+def test_side_by_side(server, client, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    d = browser
+    open_page(d, server)
+    d.find_element(By.ID, "tab-compare").click()
+    assert d.find_element(By.ID, "view-chat").get_attribute("hidden") is not None
+    d.find_element(By.ID, "compare-input").send_keys(PROMPT)
+    Select(d.find_element(By.ID, "mode-a")).select_by_value("sd")
+    Select(d.find_element(By.ID, "mode-b")).select_by_value("easd")
+    d.find_element(By.ID, "compare").click()
+    wait(d, "document.getElementById('compare-out').dataset.state", what="both replies")
+    out = d.find_element(By.ID, "compare-out")
+    assert out.get_attribute("data-state") == "done"
+    name = client.models.list().data[0].id
+    texts = []
+    for k, mode in enumerate(("sd", "easd")):
+        t = json.loads(out.get_attribute(f"data-timings{k}"))
+        assert t["mode"] == mode
+        side = "left" if k == 0 else "right"
+        toks = sorted(page_tokens(d, f"#compare-out .cell[data-side^='{side}'] .tok"), key=lambda x: x["i"])
+        assert [x["i"] for x in toks] == list(range(t["predicted_n"]))
+        assert dict(Counter(x["origin"] for x in toks)) == origin_counts(t)
+        texts.append("".join(x["text"] for x in toks))
+        api = client.chat.completions.create(model=name, messages=[{"role": "user", "content": PROMPT}],
+                                             extra_body={"mode": mode})
+        assert texts[-1] == api.choices[0].message.content
+    stats = [e.text for e in d.find_elements(By.CSS_SELECTOR, "#compare-out .foot .stats")]
+    assert len(stats) == 2 and "sd: lossless" in stats[0] and "easd: not lossless" in stats[1]
+    a, b = texts
+    assert a != b  # the gate changed this answer
+    first = next(k for k in range(min(len(a), len(b)) + 1) if k == min(len(a), len(b)) or a[k] != b[k])
+    assert int(out.get_attribute("data-first-part")) == first
+    marks = d.find_elements(By.CSS_SELECTOR, "#compare-out .parts-here")
+    assert len(marks) == 2 * int(out.get_attribute("data-parts")) >= 2
+    # rows line up: each row's left and right cells are both shared text or both where they part
+    rows = d.execute_script("const c = [...document.querySelectorAll('#compare-out .cell.same, #compare-out .cell.differ')];"
+                            "return c.map(e => [e.dataset.side.split(' ')[0], e.classList.contains('same'), e.textContent]);")
+    assert [r[0] for r in rows] == ["left", "right"] * (len(rows) // 2)
+    for left, right in zip(rows[::2], rows[1::2]):
+        assert left[1] == right[1] and (not left[1] or left[2] == right[2])
+    assert "part at character" in d.find_element(By.ID, "compare-summary").text
+    d.save_screenshot(str(tmp_path / "side-by-side.png"))
+    assert (tmp_path / "side-by-side.png").stat().st_size > 10_000
+    no_console_errors(d)
+
+
+@needs_browser
+def test_origins_readable_without_colour_and_on_a_phone(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    d.set_window_size(400, 860)
+    open_page(d, server)
+    # every origin in the legend, each with a line style of its own (not colour alone)
+    styles = d.execute_script(
+        "return [...document.querySelectorAll('#legend-list li')].map(li => { const s = getComputedStyle("
+        "li.querySelector('.tok')); return [li.dataset.origin, s.textDecorationLine + ' ' + s.textDecorationStyle]; })")
+    assert [o for o, _ in styles] == list(ORIGINS)
+    assert len({s for _, s in styles}) == len(ORIGINS), styles
+    d.find_element(By.ID, "input").send_keys(PROMPT)
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelector('.msg.assistant')?.dataset.state === 'done'")
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth"), "scrolls sideways"
+    d.save_screenshot(str(tmp_path / "phone.png"))
+
+
+@needs_browser
+def test_the_page_asks_for_the_api_key(tiny_draft, tiny_target, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    srv = start(tiny_draft, tiny_target, tmp_path, "--api-key", "sesame")
+    try:
+        d = browser
+        d.get(srv.base + "/")  # the page itself needs no key
+        wait(d, "document.getElementById('key-dialog').open", what="the key dialog")
+        d.find_element(By.ID, "key-input").send_keys("wrong")
+        d.find_element(By.ID, "key-submit").click()
+        wait(d, "document.getElementById('key-error').textContent", what="the refusal")
+        assert "refused" in d.find_element(By.ID, "key-error").text
+        assert d.execute_script("return document.getElementById('key-dialog').open")
+        d.find_element(By.ID, "key-input").send_keys("sesame")
+        d.find_element(By.ID, "key-submit").click()
+        wait(d, "document.body.dataset.ready", what="the page with the key")
+        d.find_element(By.ID, "input").send_keys(PROMPT)
+        d.find_element(By.ID, "send").click()
+        wait(d, "document.querySelector('.msg.assistant')?.dataset.state === 'done'")
+        assert d.find_elements(By.CSS_SELECTOR, ".msg.assistant .tok")
+    finally:
+        out = srv.stop()
+    assert "Traceback" not in out, out
