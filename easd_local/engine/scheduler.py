@@ -299,9 +299,12 @@ class _SpecStep(_Stepper):
                 block = block[: i + 1]
                 break
         # roll both caches back to the accepted prefix: the target keeps seq[:-1]; the
-        # draft keeps what it evaluated that is still on the path
+        # draft keeps what it evaluated that is still on the path, short of the last token
+        # (the next drafting round evaluates it for its logits; EASD's re-pick with a
+        # penalty > 0 may re-emit the gated draft token, which the draft already holds)
         self.target.rollback(s.n_old + len(block) - 1, s.slot)
-        self.draft.rollback(self.draft.common_prefix(s.seq, start=s.n_old - 1, seq=s.slot), s.slot)
+        keep = min(self.draft.common_prefix(s.seq, start=s.n_old - 1, seq=s.slot), len(s.seq) - 1)
+        self.draft.rollback(keep, s.slot)
         s.d_tokens, s.z_drafts = [], []
         if block[-1] in s.eog:
             s.done, s.stop_reason = True, "eos"
