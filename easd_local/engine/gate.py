@@ -87,18 +87,21 @@ def top_n_overlap(z_draft, z_target, n: int):
     return ov[0] if squeeze else ov
 
 
+def conditions(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):
+    """The gate's three conditions, ``(H_d >= tau_draft, H_t >= tau_target, O >= tau_overlap)``,
+    elementwise on arrays; the one place they are written."""
+    return (np.asarray(h_draft) >= tau_draft, np.asarray(h_target) >= tau_target,
+            np.asarray(overlap) >= tau_overlap)
+
+
 def opens(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):
-    """The gate's predicate, the one place it is written: ``H_d >= tau_draft and
-    H_t >= tau_target and O >= tau_overlap``.
+    """The gate's predicate: all three ``conditions`` hold.
 
     Elementwise on arrays (a numpy bool array; ``np.bool_`` for scalars). An infinite
     threshold never fires (no finite entropy or overlap reaches +inf); NaN never fires.
     """
-    return (
-        (np.asarray(h_draft) >= tau_draft)
-        & (np.asarray(h_target) >= tau_target)
-        & (np.asarray(overlap) >= tau_overlap)
-    )
+    d_ok, t_ok, o_ok = conditions(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap)
+    return d_ok & t_ok & o_ok
 
 
 def can_fire(tau_draft: float, tau_target: float, tau_overlap: float) -> bool:

@@ -2,7 +2,7 @@
 
 A place that needs to know whether a mode drafts, needs a draft model or has the EASD
 gate asks ``MODE_TABLE[name]`` (or ``DecodeConfig.mode_info``) instead of comparing mode
-strings, so adding a mode means adding a row here (and its stepper in ``scheduler``).
+strings, so adding a mode means adding a row here (and its step in ``steps``).
 """
 
 from __future__ import annotations

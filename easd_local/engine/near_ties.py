@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .gate import Gate, Reading, opens
+from .gate import Gate, Reading, conditions, opens
 
 GATE_MARGIN = 0.05  # nats: a gate decision this close to a threshold is a coin toss
 
@@ -182,9 +182,11 @@ class GateState:
     @property
     def flippable(self) -> bool:
         """Some near-tie (an entropy within the margin, or the overlap) could flip the decision."""
-        checks = [(self.h_target >= self.tau_target, abs(self.h_target - self.tau_target) < self.margin),
-                  (self.h_draft >= self.tau_draft, abs(self.h_draft - self.tau_draft) < self.margin),
-                  (self.overlap >= self.tau_overlap, self.overlap_near)]
+        d_ok, t_ok, o_ok = conditions(self.h_draft, self.h_target, self.overlap, self.tau_draft, self.tau_target,
+                                      self.tau_overlap)
+        checks = [(t_ok, abs(self.h_target - self.tau_target) < self.margin),
+                  (d_ok, abs(self.h_draft - self.tau_draft) < self.margin),
+                  (o_ok, self.overlap_near)]
         if self.open:
             return any(near for _, near in checks)
         return all(near for ok, near in checks if not ok)

@@ -20,7 +20,7 @@ from typing import Generator
 import numpy as np
 
 from . import rules
-from .drafter import Ask, ModelDrafter
+from .drafter import Ask, Drafter, ModelDrafter
 from .events import DRAFT_ONLY, TARGET
 from .rules import Pick
 from .runtime import Model, Part
@@ -30,11 +30,12 @@ StepGen = Generator[Ask, np.ndarray, None]
 
 
 class Step:
-    """One mode's step over the pair's models (``draft``: through its drafter)."""
+    """One mode's step over the pair's models; speculation drafts through ``drafter`` (by
+    default a ``ModelDrafter`` of ``draft``)."""
 
-    def __init__(self, target: Model | None, draft: Model | None) -> None:
+    def __init__(self, target: Model | None, draft: Model | None, drafter: Drafter | None = None) -> None:
         self.target, self.draft = target, draft
-        self.drafter = ModelDrafter(draft) if draft is not None else None
+        self.drafter = drafter if drafter is not None else ModelDrafter(draft) if draft is not None else None
 
     def __call__(self, s: Seq) -> StepGen:  # pragma: no cover - each mode defines it
         raise NotImplementedError
