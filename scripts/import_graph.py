@@ -118,6 +118,9 @@ def longest_classes(root: Path = ROOT, top: int = 5) -> list[tuple[int, str]]:
 
 
 def main() -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     g = graph()
     found = cycles(g)
     print(f"{len(g)} modules, {sum(len(v) for v in g.values())} imports inside {PACKAGE}/")
