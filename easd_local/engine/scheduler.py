@@ -201,7 +201,8 @@ class Scheduler:
                 step = self._steps[s.mode](s)
                 self._advance(s, step, None, waiting, out)
         while waiting:
-            model = self.draft if any(m is self.draft for _, m, _ in waiting.values()) else self.target
+            asked = [m for _, m, _ in waiting.values()]
+            model = next(m for m in (self.draft, self.target, *asked) if any(a is m for a in asked))
             batch = [s for s in live if s in waiting and waiting[s][1] is model]  # slot order
             self._run(model, batch, waiting, out)
         for s in live:
