@@ -172,6 +172,6 @@ def test_step_asks_then_emits(pair):
     assert s.events == []
     with pytest.raises(StopIteration):
         step.send(pair.draft.decode(list(part.tokens))[:, : pair.n_vocab])
-    (ev,) = s.take_events()
+    (ev,) = s.events
     assert ev.origin in ("target", "easd") and ev.h_target == pytest.approx(math.log(pair.n_vocab))
     assert (s.stats.target_calls, s.stats.draft_consults, s.stats.draft_calls, s.stats.tokens) == (1, 1, 1, 1)

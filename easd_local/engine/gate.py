@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -89,9 +91,8 @@ def top_n_overlap(z_draft, z_target, n: int):
 
 def conditions(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):
     """The gate's three conditions, ``(H_d >= tau_draft, H_t >= tau_target, O >= tau_overlap)``,
-    elementwise on arrays; the one place they are written."""
-    return (np.asarray(h_draft) >= tau_draft, np.asarray(h_target) >= tau_target,
-            np.asarray(overlap) >= tau_overlap)
+    on numbers (bools) or numpy arrays (elementwise); the one place they are written."""
+    return h_draft >= tau_draft, h_target >= tau_target, overlap >= tau_overlap
 
 
 def opens(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):
@@ -100,7 +101,8 @@ def opens(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):
     Elementwise on arrays (a numpy bool array; ``np.bool_`` for scalars). An infinite
     threshold never fires (no finite entropy or overlap reaches +inf); NaN never fires.
     """
-    d_ok, t_ok, o_ok = conditions(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap)
+    d_ok, t_ok, o_ok = conditions(np.asarray(h_draft), np.asarray(h_target), np.asarray(overlap), tau_draft,
+                                  tau_target, tau_overlap)
     return d_ok & t_ok & o_ok
 
 
@@ -110,8 +112,7 @@ def can_fire(tau_draft: float, tau_target: float, tau_overlap: float) -> bool:
     return math.isfinite(tau_draft) and math.isfinite(tau_target) and tau_overlap <= 1.0
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(NamedTuple):
     """The gate at one position: the figures it computed (NaN where it did not need them)
     and whether it opened."""
 
@@ -140,7 +141,7 @@ class Gate:
             on = mode is not None and mode.gated
         return cls(cfg.tau_draft, cfg.tau_target, cfg.overlap, cfg.top_n, on)
 
-    @property
+    @cached_property  # asked at every position of a step
     def can_fire(self) -> bool:
         return self.on and can_fire(self.tau_draft, self.tau_target, self.tau_overlap)
 
@@ -162,7 +163,8 @@ class Gate:
         h_t = float(entropy(z_target_row)) if h_target is None else h_target
         h_d = float(entropy(z_draft_row))
         ov = float(top_n_overlap(z_draft_row, z_target_row, self.top_n))
-        return Reading(h_d, h_t, ov, bool(self.opens(h_d, h_t, ov)))
+        d_ok, t_ok, o_ok = conditions(h_d, h_t, ov, self.tau_draft, self.tau_target, self.tau_overlap)
+        return Reading(h_d, h_t, ov, d_ok and t_ok and o_ok)
 
     def read_lazily(self, z_draft_row, z_target_row) -> Reading:
         """The reading with only what the decision needs: nothing when the gate cannot fire,

@@ -201,8 +201,8 @@ class Scheduler:
                 step = self._steps[s.mode](s)
                 self._advance(s, step, None, waiting, out)
         while waiting:
-            asked = [m for _, m, _ in waiting.values()]
-            model = next(m for m in (self.draft, self.target, *asked) if any(a is m for a in asked))
+            asked = {m for _, m, _ in waiting.values()}
+            model = self.draft if self.draft in asked else self.target if self.target in asked else asked.pop()
             batch = [s for s in live if s in waiting and waiting[s][1] is model]  # slot order
             self._run(model, batch, waiting, out)
         for s in live:
@@ -214,16 +214,21 @@ class Scheduler:
     def _advance(self, s: _Seq, step: StepGen, z: np.ndarray | None, waiting: dict, out: list) -> None:
         """Run ``s``'s step on to its next ask (sending it ``z``), or to its end."""
         try:
-            ask = step.send(z)
+            model, part = step.send(z)
         except StopIteration:
-            ask = None
+            self._take_events(s, out)
         except (EasdError, ValueError, FloatingPointError) as e:
-            out.extend((s.rid, ev) for ev in s.take_events())
+            self._take_events(s, out)
             self._fail(s, e, out)
-            return
-        out.extend((s.rid, ev) for ev in s.take_events())
-        if ask is not None:
-            waiting[s] = (step, *ask)
+        else:
+            self._take_events(s, out)
+            waiting[s] = (step, model, part)
+
+    @staticmethod
+    def _take_events(s: _Seq, out: list) -> None:
+        if s.events:
+            out.extend([(s.rid, ev) for ev in s.events])
+            s.events.clear()
 
     def _decode(self, model: Model, parts: list[Part]) -> list[np.ndarray]:
         """One batched decode, its seconds added to every active sequence's clock."""

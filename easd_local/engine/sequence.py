@@ -90,12 +90,8 @@ class Seq:
         text = "" if p.token in self.eog else self.detok.add(p.token)
         self.pieces.append(text)
         r = p.reading
-        self.events.append(TokenEvent(p.token, text, p.origin, *(
-            (None, None, None) if r is None else (r.h_draft, r.h_target, r.overlap))))
-
-    def take_events(self) -> list[TokenEvent]:
-        out, self.events = self.events, []
-        return out
+        self.events.append(TokenEvent(p.token, text, p.origin) if r is None else
+                           TokenEvent(p.token, text, p.origin, r.h_draft, r.h_target, r.overlap))
 
     def finished(self) -> Finished:
         s = self.stats
