@@ -95,10 +95,10 @@ class Stats:
         """Count one emitted token of ``origin``."""
         self.tokens += 1
         field_name = _ORIGIN_COUNTS.get(origin)
-        if field_name is None and origin not in ORIGINS:
-            raise ValueError(f"unknown origin {origin!r}")
         if field_name is not None:
-            setattr(self, field_name, getattr(self, field_name) + 1)
+            self.__dict__[field_name] += 1
+        elif origin not in ORIGINS:
+            raise ValueError(f"unknown origin {origin!r}")
 
     def count_verify(self, drafted: int, origins: list[str], kept: int) -> None:
         """Count one target call that verified ``drafted`` tokens: its block's ``origins``

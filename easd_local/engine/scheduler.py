@@ -201,8 +201,8 @@ class Scheduler:
                 step = self._steps[s.mode](s)
                 self._advance(s, step, None, waiting, out)
         while waiting:
-            asked = {m for _, m, _ in waiting.values()}
-            model = self.draft if self.draft in asked else self.target if self.target in asked else asked.pop()
+            asked = [m for _, m, _ in waiting.values()]
+            model = self.draft if self.draft in asked else self.target if self.target in asked else asked[0]
             batch = [s for s in live if s in waiting and waiting[s][1] is model]  # slot order
             self._run(model, batch, waiting, out)
         for s in live:
@@ -216,19 +216,16 @@ class Scheduler:
         try:
             model, part = step.send(z)
         except StopIteration:
-            self._take_events(s, out)
+            model = None
         except (EasdError, ValueError, FloatingPointError) as e:
-            self._take_events(s, out)
-            self._fail(s, e, out)
-        else:
-            self._take_events(s, out)
-            waiting[s] = (step, model, part)
-
-    @staticmethod
-    def _take_events(s: _Seq, out: list) -> None:
-        if s.events:
+            model = e
+        if s.events:  # what the step emitted, before anything else about the sequence
             out.extend([(s.rid, ev) for ev in s.events])
             s.events.clear()
+        if isinstance(model, BaseException):
+            self._fail(s, model, out)
+        elif model is not None:
+            waiting[s] = (step, model, part)
 
     def _decode(self, model: Model, parts: list[Part]) -> list[np.ndarray]:
         """One batched decode, its seconds added to every active sequence's clock."""

@@ -63,7 +63,7 @@ class Seq:
         """A token from one row of logits, as this sequence's settings say (one draw when sampling)."""
         cfg = self.cfg
         if cfg.greedy:
-            return int(np.argmax(z))
+            return int(z.argmax())  # the first maximum, as np.argmax (without its wrapper)
         return rules.sample(rules.sampling_probs(z[None, :], cfg.temperature, cfg.top_k, cfg.top_p)[0], self.rng)
 
     def accept(self, picks: list[Pick]) -> int:
