@@ -171,5 +171,5 @@ class Gate:
         H_t alone where it is below its threshold, everything else where it passes."""
         h_t = self.screen(z_target_row)
         if not self.wants_draft(h_t):
-            return Reading(h_target=h_t)
+            return Reading(math.nan, h_t)
         return self.read(z_draft_row, z_target_row, h_t)

@@ -401,7 +401,7 @@ def target_first(z_target_row, z_draft_row, cfg: DecodeConfig, gate_: Gate, rng:
     """
     z_t = np.asarray(z_target_row)
     if z_draft_row is None:
-        return Pick(_emit_from_p(z_t, cfg, rng), TARGET, Reading(h_target=h_target))
+        return Pick(_emit_from_p(z_t, cfg, rng), TARGET, Reading(math.nan, h_target))
     z_d = np.asarray(z_draft_row)
     r = gate_.read(z_d, z_t, h_target)
     if not r.open:

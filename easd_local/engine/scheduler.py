@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import time
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -201,7 +202,7 @@ class Scheduler:
                 step = self._steps[s.mode](s)
                 self._advance(s, step, None, waiting, out)
         while waiting:
-            asked = [m for _, m, _ in waiting.values()]
+            asked = list(map(itemgetter(1), waiting.values()))
             model = self.draft if self.draft in asked else self.target if self.target in asked else asked[0]
             batch = [s for s in live if s in waiting and waiting[s][1] is model]  # slot order
             self._run(model, batch, waiting, out)
