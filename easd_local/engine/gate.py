@@ -62,7 +62,7 @@ def entropy(logits):
 def _top_n_sets(z: np.ndarray, n: int) -> np.ndarray:
     """Indices (k, n) of the n largest entries per row (argpartition's set on ties)."""
     V = z.shape[-1]
-    return np.argpartition(z, V - n, axis=-1)[:, V - n:]
+    return z.argpartition(V - n, axis=-1)[:, V - n:]
 
 
 def top_n_overlap(z_draft, z_target, n: int):

@@ -163,7 +163,7 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
 def greedy(logits):
     """Argmax per row (first maximum on ties, as ``np.argmax``); int for 1-D input."""
     z, squeeze = _rows(logits)
-    a = np.argmax(z, axis=-1)
+    a = z.argmax(axis=-1)
     return int(a[0]) if squeeze else a
 
 
@@ -179,13 +179,13 @@ def runner_up(logits, exclude):
     if V < 2:
         raise ValueError("runner_up needs a vocabulary of at least 2 tokens")
     ex = np.broadcast_to(np.asarray(exclude, dtype=np.intp).reshape(-1), (k,))
-    best = np.argmax(z, axis=-1)
+    best = z.argmax(axis=-1)
     clash = np.flatnonzero(best == ex)
     if clash.size:
         sub = z[clash].copy()
         exc = ex[clash]
         sub[np.arange(clash.size), exc] = -np.inf
-        b2 = np.argmax(sub, axis=-1)
+        b2 = sub.argmax(axis=-1)
         same = b2 == exc
         b2[same] = (exc[same] + 1) % V
         best[clash] = b2
