@@ -370,3 +370,16 @@ def test_submit_refuses_bad_requests_at_once(pair):
     assert sched.active == 0 and sched.free_slots() == 2
     with pytest.raises(ConfigError, match="loaded for 4 sequences, not 5"):
         Scheduler(pair, 5)
+
+
+def test_easd_repick_of_the_gated_token_goes_on(pair1):
+    """Sampled EASD with a penalty > 0 may re-pick the very draft token the gate fired on
+    (lambda = 1 leaves its probability as it was); the draft then already holds the whole
+    sequence and must still evaluate its last token for the next drafting round (this once
+    failed the sequence with "logits_at [-1] out of range for 0 tokens")."""
+    prompt = pair1.target.vocab.tokenize(TEXTS[0])
+    for seed in range(3):
+        cfg = cfg_of("easd", temperature=0.8, penalty=1.0, seed=seed)
+        fin, ev = solo(pair1, prompt, cfg, seed)
+        check_stats(fin, ev)
+        assert fin.stats.tokens == cfg.max_tokens and fin.stats.easd_fires > 0

@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from ..engine import decoding, rules
+from ..engine.gate import Gate, Reading
 from ..store import filehash, provenance
 from ..engine.config import DecodeConfig
 from ..errors import ConfigError
@@ -283,19 +284,19 @@ def rerun(plan: RerunPlan) -> RerunResult:
         z = logits_after(decider, common, models.n_vocab)
         logits = (float(z[new_tok]), float(z[rec_tok]))
         gate, gate_source, fired = None, "", (None, None)
-        if cfg.gate_enabled:
+        gate_ = Gate.of(cfg)
+        if gate_.can_fire:
             z_d = logits_after(models.draft, common, models.n_vocab)
-            taus = dict(tau_target=cfg.tau_target, tau_draft=cfg.tau_draft, tau_overlap=cfg.overlap, top_n=cfg.top_n,
-                        topn_gaps=(topn_boundary_gap(z, cfg.top_n), topn_boundary_gap(z_d, cfg.top_n)))
-            figures = (at_k.h_target, at_k.h_draft, at_k.overlap) if at_k is not None else (None,) * 3
+            gaps = (topn_boundary_gap(z, cfg.top_n), topn_boundary_gap(z_d, cfg.top_n))
+            figures = (at_k.h_draft, at_k.h_target, at_k.overlap) if at_k is not None else (None,) * 3
             if all(f is not None and not math.isnan(f) for f in figures):
                 # what the new run's gate decided on, as the generation computed it
-                gate = GateState(h_target=figures[0], h_draft=figures[1], overlap=figures[2], **taus)
+                reading = Reading(*figures)
                 gate_source = "the new run's own figures"
-            else:  # the lazy gate stopped early there (or never looked): evaluate all three
-                gate = GateState(h_target=float(rules.entropy(z)), h_draft=float(rules.entropy(z_d)),
-                                 overlap=float(rules.top_n_overlap(z_d, z, cfg.top_n)), **taus)
+            else:  # the lazy gate stopped early there (or never looked): read all three
+                reading = gate_.read(z_d, z)
                 gate_source = "evaluated again after the prompt and the common tokens"
+            gate = GateState.of(gate_, reading, gaps)
             if cfg.greedy and at_k is not None:
                 # greedy: a fire emits the target's runner-up, anything else its best token
                 best = int(np.argmax(z))

@@ -9,15 +9,32 @@ and words the answer; nothing here prints.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from pathlib import Path
+from typing import Callable, Protocol
 
-from ..engine.config import FIELD_TYPES, LOSSLESS_HELP, MODES, not_lossless
-from ..engine.decoding import acceptance_text
+from ..engine.config import FIELD_TYPES, LOSSLESS_HELP, MODES, DecodeConfig, not_lossless
+from ..engine.events import acceptance_text
 from ..errors import EasdError
 from .transcript import save_error
 
-if TYPE_CHECKING:  # the session imports this module; only its type is needed here
-    from .session import ChatSession
+
+class Session(Protocol):
+    """What the commands ask of a chat session (``session.ChatSession``, which runs them)."""
+
+    cfg: DecodeConfig
+    system: str | None
+
+    def set_mode(self, mode: str) -> None: ...
+
+    def apply_setting(self, key: str, value: str) -> dict: ...
+
+    def stats(self) -> dict: ...
+
+    def set_system(self, text: str) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def save(self, path: Path | str | None = None) -> Path: ...
 
 
 @dataclass(frozen=True)
@@ -34,7 +51,7 @@ class Command:
     name: str
     args: str  # as /help shows them: "MODE", "KEY VALUE", "[PATH]" (optional), "" (none)
     help: str
-    handler: Callable[["ChatSession", str], CommandResult]
+    handler: Callable[[Session, str], CommandResult]
     aliases: tuple[str, ...] = ()
 
     @property
@@ -52,7 +69,7 @@ def _shown(v) -> str:
 
 
 # --------------------------------------------------------------------------- handlers
-def _mode(s: "ChatSession", arg: str) -> CommandResult:
+def _mode(s: Session, arg: str) -> CommandResult:
     if not arg:
         return CommandResult(False, f"usage: /mode {'|'.join(MODES)} (now {s.cfg.mode})", kind="mode")
     mode = arg.lower()
@@ -61,7 +78,7 @@ def _mode(s: "ChatSession", arg: str) -> CommandResult:
     return CommandResult(True, f"mode {mode}{note}", kind="mode", data={"mode": mode})
 
 
-def _set(s: "ChatSession", arg: str) -> CommandResult:
+def _set(s: Session, arg: str) -> CommandResult:
     parts = arg.split()
     if len(parts) != 2:
         return CommandResult(False, "usage: /set KEY VALUE (e.g. /set temperature 0.3, /set tau-target 0.8)",
@@ -73,7 +90,7 @@ def _set(s: "ChatSession", arg: str) -> CommandResult:
     return CommandResult(True, shown, kind="set", data=changed)
 
 
-def _stats(s: "ChatSession", arg: str) -> CommandResult:
+def _stats(s: Session, arg: str) -> CommandResult:
     st = s.stats()
     # only the figures that the modes used so far have: acceptance for SD turns,
     # consults for target-first turns
@@ -94,17 +111,17 @@ def _stats(s: "ChatSession", arg: str) -> CommandResult:
     return CommandResult(True, "\n".join(lines), kind="stats", data=st)
 
 
-def _system(s: "ChatSession", arg: str) -> CommandResult:
+def _system(s: Session, arg: str) -> CommandResult:
     s.set_system(arg)
     return CommandResult(True, "system prompt set" if arg else "system prompt cleared", kind="system")
 
 
-def _reset(s: "ChatSession", arg: str) -> CommandResult:
+def _reset(s: Session, arg: str) -> CommandResult:
     s.reset()
     return CommandResult(True, "conversation cleared" + (" (system prompt kept)" if s.system else ""), kind="reset")
 
 
-def _save(s: "ChatSession", arg: str) -> CommandResult:
+def _save(s: Session, arg: str) -> CommandResult:
     try:
         path = s.save(arg or None)
     except OSError as e:
@@ -112,11 +129,11 @@ def _save(s: "ChatSession", arg: str) -> CommandResult:
     return CommandResult(True, f"saved {path}", kind="save", data={"path": str(path)})
 
 
-def _help(s: "ChatSession", arg: str) -> CommandResult:
+def _help(s: Session, arg: str) -> CommandResult:
     return CommandResult(True, help_text(), kind="help")
 
 
-def _quit(s: "ChatSession", arg: str) -> CommandResult:
+def _quit(s: Session, arg: str) -> CommandResult:
     return CommandResult(True, "", quit=True, kind="quit")
 
 
@@ -152,7 +169,7 @@ def synopsis() -> str:
     return ", ".join(c.usage for c in COMMANDS)
 
 
-def run(s: "ChatSession", line: str) -> CommandResult:
+def run(s: Session, line: str) -> CommandResult:
     """Run one slash command (``line`` starts with '/') on session ``s``. An unknown
     command or a bad value gives a result that is not ``ok``, never an exception."""
     parts = line.strip().split(None, 1)

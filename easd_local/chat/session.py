@@ -26,7 +26,7 @@ from ..errors import ConfigError, ContextOverflowError, EasdError
 from ..jsonsafe import jsonable
 from . import commands
 from .commands import CommandResult
-from .transcript import TranscriptWriter, save_conversation
+from .transcript import Conversation, TranscriptWriter, save_conversation
 
 # Chat's own sampling defaults (generate's are greedy with 512 tokens).
 CHAT_DEFAULTS = DecodeConfig(temperature=0.7, top_k=40, top_p=0.95, max_tokens=1024)
@@ -105,6 +105,33 @@ class SessionTotals:
         }
 
 
+def check_mode(mode: str, target: Model | None, draft: Model | None) -> None:
+    """ConfigError when the chat lacks a model that ``mode`` needs."""
+    info = mode_info(mode)
+    if info.needs_draft and draft is None:
+        raise ConfigError(f"mode {mode} needs a draft model, and this chat was started without one")
+    if info.needs_target and target is None:
+        raise ConfigError(f"mode {mode} needs a target model, and this chat was started without one")
+
+
+def drop_oldest(messages: list[Message], too_long) -> int:
+    """Take the oldest user/assistant turns out of the context (never the system prompt,
+    never the last message) while ``too_long()``; how many messages were taken out."""
+    dropped = 0
+    while too_long():
+        live = [m for m in messages if m.in_context]
+        if len(live) <= 1:
+            break
+        live[0].in_context = False
+        dropped += 1
+        # keep whole turns: never leave an assistant reply at the start of the context
+        rest = live[1:]
+        if len(rest) > 1 and rest[0].role == "assistant":
+            rest[0].in_context = False
+            dropped += 1
+    return dropped
+
+
 # --------------------------------------------------------------------------- session
 class ChatSession:
     """A multi-turn conversation over a loaded draft/target pair.
@@ -132,7 +159,7 @@ class ChatSession:
         self.target = target
         self.draft = draft
         self.n_vocab = n_vocab or min(m.n_vocab for m in (target, draft) if m is not None)
-        self._check_mode(cfg.mode)
+        check_mode(cfg.mode, self.target, self.draft)
         self.cfg = cfg.validate(self.n_vocab)
         self.system = system or None
         self.thresholds_source = thresholds_source
@@ -184,32 +211,12 @@ class ChatSession:
     def render(self, messages: list[dict] | None = None) -> list[int]:
         return self._template_model.vocab.chat_tokens(self.context_messages() if messages is None else messages)
 
-    def _check_mode(self, mode: str) -> None:
-        info = mode_info(mode)
-        if info.needs_draft and self.draft is None:
-            raise ConfigError(f"mode {mode} needs a draft model, and this chat was started without one")
-        if info.needs_target and self.target is None:
-            raise ConfigError(f"mode {mode} needs a target model, and this chat was started without one")
-
     # ------------------------------------------------------------------ context
     def trim_history(self, reserve: int | None = None) -> int:
-        """Drop the oldest user/assistant turns (never the system prompt, never the last
-        message) until the rendered history plus ``reserve`` fits in n_ctx. Returns how
-        many messages were dropped from the context."""
+        """Drop the oldest turns from the context until the rendered history plus
+        ``reserve`` fits in n_ctx (see ``drop_oldest``); how many messages were dropped."""
         reserve = self.reserve if reserve is None else reserve
-        dropped = 0
-        while len(self.render()) + reserve > self.n_ctx:
-            live = [m for m in self.messages if m.in_context]
-            if len(live) <= 1:
-                break
-            live[0].in_context = False
-            dropped += 1
-            # keep whole turns: never leave an assistant reply at the start of the context
-            rest = live[1:]
-            if len(rest) > 1 and rest[0].role == "assistant":
-                rest[0].in_context = False
-                dropped += 1
-        return dropped
+        return drop_oldest(self.messages, lambda: len(self.render()) + reserve > self.n_ctx)
 
     # ------------------------------------------------------------------ a turn
     def send(self, text: str) -> Iterator[ChatEvent]:
@@ -312,7 +319,7 @@ class ChatSession:
         return jsonable(dataclasses.asdict(self.cfg))
 
     def set_mode(self, mode: str) -> None:
-        self._check_mode(mode)
+        check_mode(mode, self.target, self.draft)
         self.cfg = self.cfg.replace(mode=mode)
         self._log("mode", mode=mode)
 
@@ -322,7 +329,7 @@ class ChatSession:
         value."""
         cfg = apply_settings(self.cfg, {key: value}).validate(self.n_vocab)
         if cfg.mode != self.cfg.mode:
-            self._check_mode(cfg.mode)
+            check_mode(cfg.mode, self.target, self.draft)
         changed = {k: v for k, v in dataclasses.asdict(cfg).items() if getattr(self.cfg, k) != v}
         self.cfg = cfg
         if {"tau_draft", "tau_target"} & changed.keys():
@@ -357,9 +364,15 @@ class ChatSession:
     def save(self, path: Path | str | None = None) -> Path:
         """Write the conversation as JSON, or Markdown for .md/.markdown (atomic; a new file
         in the transcripts folder when ``path`` is None). Raises OSError."""
-        path = save_conversation(self, path)
+        path = save_conversation(self.conversation(), path)
         self._log("save", path=str(path))
         return path
+
+    def conversation(self) -> Conversation:
+        """The conversation so far, as ``/save`` writes it."""
+        return Conversation(self.label, *(str(m.path) if m is not None else None for m in (self.target, self.draft)),
+                            self.cfg.mode, self.settings(), self.system, [m.to_dict() for m in self.messages],
+                            self.totals.summary())
 
     def close(self) -> None:
         if self._pending is not None:

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import paths
 from ..fsutil import describe_write_error, write_text_atomic
 from ..jsonsafe import jsonable
-
-if TYPE_CHECKING:  # the session imports this module; only its type is needed here
-    from .session import ChatSession
 
 
 def _stamp() -> str:
@@ -104,48 +101,63 @@ class TranscriptWriter:
 
 
 # --------------------------------------------------------------------------- /save
-def conversation_json(s: "ChatSession") -> dict:
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation as the session hands it over to be saved."""
+
+    label: str  # the pair's name ("" when none)
+    target: str | None  # model paths
+    draft: str | None
+    mode: str
+    settings: dict  # JSON-safe
+    system: str | None
+    messages: list[dict]  # {"role", "content"[, "interrupted": True][, "in_context": False]}
+    stats: dict  # the session's totals
+
+
+def conversation_json(c: Conversation) -> dict:
     """The conversation as ``/save PATH.json`` writes it."""
     return {
-        "pair": s.label,
-        "target": str(s.target.path) if s.target is not None else None,
-        "draft": str(s.draft.path) if s.draft is not None else None,
+        "pair": c.label,
+        "target": c.target,
+        "draft": c.draft,
         "saved_at": _now(),
-        "settings": s.settings(),
-        "system": s.system,
-        "messages": [m.to_dict() for m in s.messages],
-        "stats": jsonable(s.totals.summary()),
+        "settings": c.settings,
+        "system": c.system,
+        "messages": c.messages,
+        "stats": jsonable(c.stats),
     }
 
 
-def conversation_markdown(s: "ChatSession") -> str:
+def conversation_markdown(c: Conversation) -> str:
     """The conversation as ``/save PATH.md`` writes it."""
-    out = [f"# easd-local chat{f' ({s.label})' if s.label else ''}", ""]
-    out.append(f"*{_now()} · mode {s.cfg.mode}*")
+    out = [f"# easd-local chat{f' ({c.label})' if c.label else ''}", ""]
+    out.append(f"*{_now()} · mode {c.mode}*")
     out.append("")
-    if s.system:
-        out += ["## System", "", s.system, ""]
-    for m in s.messages:
-        title = "User" if m.role == "user" else "Assistant"
-        notes = [n for n, on in (("interrupted", m.interrupted), ("dropped from context", not m.in_context)) if on]
-        out += [f"## {title}{' (' + ', '.join(notes) + ')' if notes else ''}", "", m.content, ""]
+    if c.system:
+        out += ["## System", "", c.system, ""]
+    for m in c.messages:
+        title = "User" if m["role"] == "user" else "Assistant"
+        notes = [n for n, on in (("interrupted", m.get("interrupted", False)),
+                                 ("dropped from context", not m.get("in_context", True))) if on]
+        out += [f"## {title}{' (' + ', '.join(notes) + ')' if notes else ''}", "", m["content"], ""]
     return "\n".join(out)
 
 
-def save_conversation(s: "ChatSession", path: Path | str | None = None) -> Path:
+def save_conversation(c: Conversation, path: Path | str | None = None) -> Path:
     """Write the conversation as JSON, or Markdown for .md/.markdown, atomically (a new
     file in the transcripts folder when ``path`` is None). Raises OSError."""
     if path is None:
         path = paths.transcripts_dir() / f"chat-{_stamp()}.json"
     path = Path(path).expanduser()
     if path.suffix.lower() in (".md", ".markdown"):
-        text = conversation_markdown(s)
+        text = conversation_markdown(c)
     else:
-        text = json.dumps(conversation_json(s), ensure_ascii=False, indent=2) + "\n"
+        text = json.dumps(conversation_json(c), ensure_ascii=False, indent=2) + "\n"
     return write_text_atomic(path, text)
 
 
 def save_error(path: Path | str | None, e: OSError) -> str:
-    """Why ``save_conversation(s, path)`` failed with ``e``, in words."""
+    """Why ``save_conversation(c, path)`` failed with ``e``, in words."""
     where = Path(path).expanduser() if path else paths.home() / "transcripts"
     return f"could not save: {describe_write_error(where, e)}"

@@ -21,7 +21,7 @@ from .common import console, err_console, friendly
 from ..fsutil import write_jsonl_atomic
 from ..engine.text import check_text, decode_input
 from .progress import spinner, until_first
-from .render import LEGEND, ORIGIN_STYLE, placement, placement_text, run_settings, status_line, trace_rows
+from .render import LEGEND, ORIGIN_STYLE, placement, placement_line, run_settings, status_line, trace_rows
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
@@ -114,4 +114,4 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                     out.write(fin.tail)
                 out.write("\n")
                 out.flush()
-                err_console.print(status_line(fin.stats, placement_text(models)), style="dim")
+                err_console.print(status_line(fin.stats, placement_line(models, "status")), style="dim")

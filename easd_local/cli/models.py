@@ -23,7 +23,7 @@ from .catalog_cmds import add_model_with_bar
 from .common import console, friendly
 from .progress import spinner
 from .pull_ui import DownloadUI
-from .render import memory_line, placement
+from .render import placement, placement_line
 
 ModelArg = Annotated[str, typer.Argument(metavar="PATH|NAME", help="A GGUF file or a catalog model name.",
                                          show_default=False)]
@@ -106,14 +106,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         where = None
         if load or rpc or rpc_draft or tensor_split:
             with spinner("loading both models"), open_models(d, t, topts, dopts) as models:
-                where, line = placement(models), memory_line(models)
-                layers = []
-                for role, m in (("target", models.target), ("draft", models.draft)):
-                    total = sum(m.placement.values())
-                    shown = ", ".join(f"{n}/{total} on {dev}" for dev, n in m.placement.items()) or "unknown"
-                    layers.append(f"{role} layers: {shown}")
-                if where.get("repack_note"):
-                    layers.append(where["repack_note"])
+                where, lines = placement(models), placement_line(models, "check")
         if json_out:
             sys.stdout.write(json.dumps({"compatible": True, "shared_vocab": n_shared, "draft": str(d),
                                          "target": str(t), "placement": where}) + "\n")
@@ -121,7 +114,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         console.print(Text(f"compatible: {d.name} can draft for {t.name} (shared vocabulary {n_shared:,} tokens)"),
                       soft_wrap=True)
         if where is not None:
-            for text in (line, *layers):
+            for text in lines.splitlines():
                 console.print(Text(text), soft_wrap=True)
 
     @models_app.command("add-pair")

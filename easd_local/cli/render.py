@@ -19,20 +19,6 @@ LEGEND = (
 )
 
 
-def placement_text(models) -> str:
-    """Where each model's layers live, e.g. ``layers: target RPC0 (10.0.0.2:50052) 25/25 · draft CPU 25/25``,
-    and the repacking note; empty when every layer is on the local CPU with its weights repacked
-    as usual (nothing to say)."""
-    p = placement(models)
-    roles = [r for r in ("target", "draft") if p.get(r) and p[r]["layers"]]
-    parts = []
-    if {dev for r in roles for dev in p[r]["layers"]} - {"CPU"}:
-        parts.append("layers: " + " · ".join(f"{r} {_layers(p[r])}" for r in roles))
-    if p.get("repack_note"):
-        parts.append(p["repack_note"])
-    return " · ".join(parts)
-
-
 def status_line(s: Stats, where: str = "") -> str:
     parts = [f"{s.mode}", f"{s.tokens} tokens", f"{s.tokens_per_s:.1f} tok/s", f"ttft {s.ttft_s:.2f}s"]
     info = mode_info(s.mode)
@@ -113,36 +99,42 @@ def repack_note(models) -> str:
     return " · ".join(notes)
 
 
-def memory_line(models) -> str:
-    """'backend CPU · target: model 1.12 GB, KV 58.72 MB · draft: ...' (llama.cpp's buffer sizes)."""
-    p = placement(models)
-    parts = [f"backend {p['backend']}"]
-    for role in ("target", "draft"):
-        r = p.get(role)
-        if r and r["model_bytes"] is not None:
-            parts.append(f"{role}: model {human_size(r['model_bytes'])}, KV {human_size(r['kv_bytes'])}")
-    return " · ".join(parts)
-
-
 def _layers(r: dict) -> str:
     """One model's layers by device, e.g. ``CPU 20/28 + CUDA0 8/28``."""
     total = r["layers_total"]
     return " + ".join(f"{dev} {n}/{total}" for dev, n in r["layers"].items()) or "layers unknown"
 
 
-def placement_line(models) -> str:
-    """The banner's line: backend, each model's layers by device, and memory."""
+def placement_line(models, form: str = "banner") -> str:
+    """Where each model's layers live and its memory, rendered from ``placement``: the one
+    rendering, in three forms.
+
+    - ``banner`` (chat, serve): one line: backend, each model's layers by device, its memory;
+    - ``status`` (generate's status line): only what is unusual, layers off the local CPU
+      (``layers: target RPC0 (10.0.0.2:50052) 25/25 · draft CPU 25/25``) and weights not
+      repacked; empty when there is nothing to say;
+    - ``check`` (``models check --load``): the backend and memory, then one line per model's
+      layers (``target layers: 20/28 on CPU, 8/28 on CUDA0``).
+
+    The repacking note, when there is one, ends every form."""
     p = placement(models)
-    parts = [f"backend {p['backend']}"]
-    for role in ("target", "draft"):
-        r = p.get(role)
-        if not r:
-            continue
-        mem = f", model {human_size(r['model_bytes'])}, KV {human_size(r['kv_bytes'])}" if r["model_bytes"] is not None else ""
-        parts.append(f"{role} layers {_layers(r)}{mem}")
-    if p.get("repack_note"):
-        parts.append(p["repack_note"])
-    return " · ".join(parts)
+    roles = [r for r in ("target", "draft") if p.get(r)]
+    note = [p["repack_note"]] if p.get("repack_note") else []
+    if form == "status":
+        roles = [r for r in roles if p[r]["layers"]]
+        off_cpu = {dev for r in roles for dev in p[r]["layers"]} - {"CPU"}
+        return " · ".join((["layers: " + " · ".join(f"{r} {_layers(p[r])}" for r in roles)] if off_cpu else []) + note)
+    mem = {r: f"model {human_size(p[r]['model_bytes'])}, KV {human_size(p[r]['kv_bytes'])}"
+           if p[r]["model_bytes"] is not None else "" for r in roles}
+    if form == "banner":
+        parts = [f"{r} layers {_layers(p[r])}" + (f", {mem[r]}" if mem[r] else "") for r in roles]
+        return " · ".join([f"backend {p['backend']}", *parts, *note])
+    lines = [" · ".join([f"backend {p['backend']}", *(f"{r}: {mem[r]}" for r in roles if mem[r])])]
+    for r in roles:
+        total = p[r]["layers_total"]
+        lines.append(f"{r} layers: " + (", ".join(f"{n}/{total} on {dev}" for dev, n in p[r]["layers"].items())
+                                        or "unknown"))
+    return "\n".join(lines + note)
 
 
 def run_settings(cfg, spec) -> dict:

@@ -1,3 +1,3 @@
 """The engine: llama.cpp (the runtime layer: runtime, vocab, llama_log and devices, the only
-modules that touch ctypes) and the maths of decoding: configs, modes, acceptance rules,
-steppers and the batched scheduler."""
+modules that touch ctypes) and the maths of decoding: configs, modes, the gate, acceptance rules,
+the per-mode steps and the batched scheduler."""

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .gate import Gate
 from .modes import MODE_TABLE, MODES, Mode, mode_info  # noqa: F401  (MODES: re-exported for callers of config)
 
 # Modes whose output is the target's own (greedy: the target's tokens; sampling: its law).
@@ -66,10 +67,8 @@ class DecodeConfig:
 
     @property
     def gate_enabled(self) -> bool:
-        m = MODE_TABLE.get(self.mode)
-        return m is not None and m.gated and math.isfinite(self.tau_draft) and math.isfinite(
-            self.tau_target
-        ) and self.overlap <= 1.0
+        """The mode is gated and its thresholds can fire (``gate.Gate.can_fire``)."""
+        return Gate.of(self).can_fire
 
     def validate(self, n_vocab: int | None = None) -> "DecodeConfig":
         """Raise ConfigError with one clear line for the first bad value; return self."""

@@ -2,19 +2,24 @@
 
 A place that needs to know whether a mode drafts, needs a draft model or has the EASD
 gate asks ``MODE_TABLE[name]`` (or ``DecodeConfig.mode_info``) instead of comparing mode
-strings, so adding a mode means adding a row here (and its stepper in ``scheduler``).
+strings, so adding a mode means adding a row here (and its step in ``steps``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..errors import ConfigError
 
-if TYPE_CHECKING:  # verdict reads this module's table
-    from .verdict import Verdict
+
+class Loss(Protocol):
+    """What ``auto_mode`` reads of a recorded verdict (``verdict.Verdict``, which reads this
+    module's table) that shows an EASD mode losing."""
+
+    method: str
+
+    def summary(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ MEASURE_HINT = ("no measurement of EASD on this pair yet: `easd-local bench --mo
                 "`easd-local bench report RESULTS --record-verdict`")
 
 
-def auto_mode(gpu_offload: bool, n_gpu_layers: int, have_draft: bool, losing: "Verdict | None" = None,
+def auto_mode(gpu_offload: bool, n_gpu_layers: int, have_draft: bool, losing: Loss | None = None,
               measured: bool = False) -> tuple[str, str]:
     """The mode chat, generate and serve pick when none is given, and why (shown in chat's
     banner, serve's load line and generate's note).

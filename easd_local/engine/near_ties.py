@@ -6,9 +6,9 @@ logits that differ by a few hundredths, so greedy text parts at an **argmax near
 within a few hundredths of a nat of its threshold). This module measures how much of a
 run rests on such coin tosses and explains where two runs part; pure functions, no I/O.
 
-The gate (``rules.gate``) is open when H_d >= tau_d and H_t >= tau_t and O >= tau_O; it is
-evaluated lazily, so a position records H_t only, or nothing (NaN / None) where the gate
-was not evaluated.
+The gate (``gate.Gate``) is open when H_d >= tau_d and H_t >= tau_t and O >= tau_O; it is
+read lazily, so a position records H_t only, or nothing (NaN / None) where the gate was not
+read.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+from .gate import Gate, Reading, conditions, opens
 
 GATE_MARGIN = 0.05  # nats: a gate decision this close to a threshold is a coin toss
 
@@ -44,7 +46,9 @@ def gate_near_tie(
     d_known = _known(h_draft)
     dd = h_draft - tau_draft if d_known else math.inf
     ov_ok = overlap >= tau_overlap if _known(overlap) else True
-    if dt >= 0 and dd >= 0 and ov_ok:  # open
+    # figures the gate did not compute are assumed to pass
+    if opens(h_draft if d_known else math.inf, h_target, overlap if _known(overlap) else math.inf,
+             tau_draft, tau_target, tau_overlap):
         return dt < margin or (d_known and dd < margin)
     if not ov_ok:
         return False
@@ -79,7 +83,7 @@ def gate_margin(
     ``h_target``, ``overlap``; H_t None or NaN = not evaluated) and those within
     ``margin`` of flipping. A gate that cannot fire (an infinite threshold, overlap > 1)
     decides nothing."""
-    if not (math.isfinite(tau_draft) and math.isfinite(tau_target) and tau_overlap <= 1.0):
+    if not Gate(tau_draft, tau_target, tau_overlap, top_n=0).can_fire:
         return GateMargin(0, 0, margin)
     decisions = near = 0
     for ev in events:
@@ -143,9 +147,21 @@ class GateState:
     top_n: int = 0  # 0: overlap near-ties not assessed
     topn_gaps: tuple[float, float] = (math.inf, math.inf)  # (target, draft)
 
+    @classmethod
+    def of(cls, gate: Gate, reading: Reading, topn_gaps: tuple[float, float] = (math.inf, math.inf),
+           margin: float = GATE_MARGIN) -> "GateState":
+        """The state of ``gate`` at a position where it read ``reading``."""
+        return cls(h_target=reading.h_target, h_draft=reading.h_draft, overlap=reading.overlap,
+                   tau_target=gate.tau_target, tau_draft=gate.tau_draft, tau_overlap=gate.tau_overlap, margin=margin,
+                   top_n=gate.top_n, topn_gaps=topn_gaps)
+
+    @property
+    def gate(self) -> Gate:
+        return Gate(self.tau_draft, self.tau_target, self.tau_overlap, self.top_n)
+
     @property
     def open(self) -> bool:
-        return self.h_target >= self.tau_target and self.h_draft >= self.tau_draft and self.overlap >= self.tau_overlap
+        return bool(self.gate.opens(self.h_draft, self.h_target, self.overlap))
 
     @property
     def near(self) -> bool:
@@ -166,9 +182,11 @@ class GateState:
     @property
     def flippable(self) -> bool:
         """Some near-tie (an entropy within the margin, or the overlap) could flip the decision."""
-        checks = [(self.h_target >= self.tau_target, abs(self.h_target - self.tau_target) < self.margin),
-                  (self.h_draft >= self.tau_draft, abs(self.h_draft - self.tau_draft) < self.margin),
-                  (self.overlap >= self.tau_overlap, self.overlap_near)]
+        d_ok, t_ok, o_ok = conditions(self.h_draft, self.h_target, self.overlap, self.tau_draft, self.tau_target,
+                                      self.tau_overlap)
+        checks = [(t_ok, abs(self.h_target - self.tau_target) < self.margin),
+                  (d_ok, abs(self.h_draft - self.tau_draft) < self.margin),
+                  (o_ok, self.overlap_near)]
         if self.open:
             return any(near for _, near in checks)
         return all(near for ok, near in checks if not ok)

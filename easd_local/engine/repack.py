@@ -13,7 +13,7 @@ CPU kernels, slower (the README gives the figure) but alive.
 ``EASD_LOCAL_REPACK_PROBE`` forces the answer: ``crash`` acts as if the self-test had crashed
 (the tests simulate an AMX machine this way), ``ok`` as if it had passed (no child runs).
 
-Run as ``python -m easd_local.engine.repack MODEL.gguf THREADS NGL``: the self-test child.
+The self-test child is ``python -m easd_local.engine.repack_child MODEL.gguf THREADS NGL``.
 """
 
 from __future__ import annotations
@@ -37,11 +37,7 @@ FORCE_ENV = "EASD_LOCAL_REPACK_PROBE"
 VERDICTS_NAME = "repack-verdicts.json"
 PROBE_TIMEOUT_S = 600.0
 ISSUE = "llama.cpp #20824"
-# what the child decodes: a prefill, single-token steps and a verify-sized block, the shapes
-# every command takes
-_PROBE_TEXT = ("The quick brown fox jumps over the lazy dog while twelve wizards quietly judge "
-               "the boxing match; meanwhile 3 + 4 = 7 and 17 * 23 = 391.")
-CHILD = (sys.executable, "-m", "easd_local.engine.repack")  # the self-test's command, before its arguments
+CHILD = (sys.executable, "-m", "easd_local.engine.repack_child")  # the self-test's command, before its arguments
 _CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS)
 
 
@@ -175,26 +171,3 @@ def extra_buffers(model_buffers) -> list[str]:
     """The extra buffer types among a load's weight buffers (``CPU_REPACK``, ``AMX``): every
     CPU-side one but the plain and the mmapped."""
     return [b for b in model_buffers if b.upper().startswith(("CPU_", "AMX")) and b not in ("CPU_Mapped",)]
-
-
-# ------------------------------------------------------------------ the child
-def _child(argv: list[str]) -> int:
-    from .runtime import LoadOptions, Model
-
-    path, threads, ngl = argv[0], int(argv[1]), int(argv[2])
-    opts = LoadOptions(n_ctx=256, n_threads=threads, n_gpu_layers=ngl, extra_bufts=True)
-    with Model(path, opts) as m:
-        used = extra_buffers(m.memory.model_buffers)
-        print(json.dumps({"extra_buffers": used}), flush=True)
-        toks = m.vocab.tokenize(_PROBE_TEXT, add_special=False)[:48] or [0] * 8
-        m.decode(toks[:32], logits_at=list(range(len(toks[:32]))))  # a multi-token prefill
-        for t in toks[32:34]:
-            m.decode([t])  # one-token steps
-        block = toks[34:39] if len(toks) >= 39 else toks[:5]
-        m.decode(block, logits_at=list(range(len(block))))  # a verify block
-    print(json.dumps({"decoded": True}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1:]))

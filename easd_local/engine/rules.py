@@ -1,7 +1,8 @@
 """The pure numpy maths of speculative decoding (SD) and Entropy-Aware SD (EASD).
 
 No llama.cpp, no I/O: everything here maps logits (and a ``numpy.random.Generator``)
-to numbers, so the real decoding loop and the fake-model tests run the same code.
+to numbers, so the real decoding loop and the fake-model tests run the same code. The gate
+(its quantities, its predicate and ``Gate``) is in ``gate``, re-exported here.
 
 Shapes: logits are ``(k, V)`` float arrays (k positions, V up to ~152k) or ``(V,)`` for a
 single position; functions that accept both return a scalar for ``(V,)`` input. Work is
@@ -9,7 +10,7 @@ vectorised over the vocabulary; float32 is kept where it is accurate enough and 
 decide probabilities (softmax normalisers, entropies, cumulative masses for sampling and
 top-p) are accumulated in float64.
 
-Randomness (see ``verify_block`` and ``target_first_step``) is drawn in a fixed,
+Randomness (see ``verify`` and ``target_first``) is drawn in a fixed,
 documented order, and the EASD gate itself never consumes random numbers, so with the
 same seed EASD whose gate never fires emits exactly what SD emits and leaves the
 generator in the same state.
@@ -18,11 +19,17 @@ generator in the same state.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from .config import RANDOM_SEED, DecodeConfig
+# where an emitted token came from (defined with the events; the rules produce them)
+from .events import BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET
+# the gate's quantities and its predicate, under the names the rules have always had
+from .gate import Gate, Reading, _rows, _top_n_sets, entropy, top_n_overlap
+from .gate import opens as gate
 
 __all__ = [
     "entropy",
@@ -35,6 +42,9 @@ __all__ = [
     "residual",
     "penalize",
     "sample",
+    "Pick",
+    "verify",
+    "target_first",
     "BlockResult",
     "verify_block",
     "consult_draft",
@@ -48,16 +58,6 @@ __all__ = [
     "DRAFT_ONLY",
 ]
 
-# Where an emitted token came from. Each says what happened, so the statistics are counts
-# of origins (decoding.Stats) and the trace (decoding.TRACE_NAMES) is true.
-DRAFT = "draft"  # proposed by the draft, accepted by the SD test, gate closed
-TARGET = "target"  # chosen by the target: target mode, every easd-tf position the gate did not fire at
-RESAMPLED = "resampled"  # the SD test rejected a draft token and the target resampled it
-EASD = "easd"  # the gate fired on an SD-accepted draft token (easd-tf: at its position) and the target picked again
-BONUS = "bonus"  # all drafted tokens kept: the target's next token comes for free
-DRAFT_ONLY = "draft-only"  # draft mode: the draft chose it, nothing verified it
-ORIGINS = (DRAFT, TARGET, RESAMPLED, EASD, BONUS, DRAFT_ONLY)
-
 # top-p without top-k: the nucleus is first looked for among this many most likely
 # tokens (argpartition + a small sort); only when they hold less than top_p of the
 # mass is the whole row sorted. The result is identical either way (up to tie order).
@@ -67,18 +67,6 @@ _NUCLEUS_CANDIDATES = 1024
 # ----------------------------------------------------------------------------- helpers
 
 
-def _rows(logits) -> tuple[np.ndarray, bool]:
-    """View ``logits`` as 2-D float rows; the flag says the input was 1-D."""
-    z = np.asarray(logits)
-    if z.dtype.kind != "f":
-        z = z.astype(np.float32)
-    if z.ndim == 1:
-        return z[None, :], True
-    if z.ndim != 2:
-        raise ValueError(f"logits must have shape (V,) or (k, V), got {z.shape}")
-    return z, False
-
-
 def _softmax(z: np.ndarray) -> np.ndarray:
     """Row softmax of 2-D ``z`` in z's dtype, normaliser summed in float64."""
     e = z - z.max(axis=-1, keepdims=True)
@@ -86,78 +74,6 @@ def _softmax(z: np.ndarray) -> np.ndarray:
     s = e.sum(axis=-1, keepdims=True, dtype=np.float64)
     e *= (1.0 / s).astype(e.dtype)
     return e
-
-
-# --------------------------------------------------------------------- gate quantities
-
-
-def entropy(logits):
-    """Shannon entropy (nats) of the untempered softmax (T = 1) over the full row.
-
-    ``H(z) = logsumexp(z) - sum(softmax(z) * z)``, computed as
-    ``log S - sum(e * d) / S`` with ``d = z - max(z)``, ``e = exp(d)``, ``S = sum(e)``,
-    which is shift invariant and never negative; sums are accumulated in float64.
-    Tokens with logit -inf have probability 0 and contribute nothing.
-    Returns a float64 array ``(k,)`` for ``(k, V)`` input, a float64 scalar for ``(V,)``.
-    """
-    z, squeeze = _rows(logits)
-    d = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(d)
-    s = e.sum(axis=-1, dtype=np.float64)
-    with np.errstate(invalid="ignore"):  # 0 * -inf for masked logits, fixed below
-        np.multiply(e, d, out=d)  # d is now e * d
-    t = d.sum(axis=-1, dtype=np.float64)
-    bad = np.isnan(t)
-    if bad.any():  # 0 * (-inf) from masked (-inf) logits: recompute those rows safely
-        for i in np.flatnonzero(bad):
-            zi = z[i] - z[i].max()
-            ei = np.exp(zi)
-            t[i] = np.multiply(ei, zi, out=np.zeros_like(ei), where=ei > 0).sum(dtype=np.float64)
-    h = np.log(s) - t / s
-    return h[0] if squeeze else h
-
-
-def _top_n_sets(z: np.ndarray, n: int) -> np.ndarray:
-    """Indices (k, n) of the n largest entries per row (argpartition's set on ties)."""
-    V = z.shape[-1]
-    return np.argpartition(z, V - n, axis=-1)[:, V - n:]
-
-
-def top_n_overlap(z_draft, z_target, n: int):
-    """``|TopN(z_d) ∩ TopN(z_t)| / n`` per row.
-
-    TopN is the set ``np.argpartition`` returns for the n largest logits; with ties at
-    the n-th value which of the tied tokens belong to the set is argpartition's choice
-    (deterministic for a given array, but unspecified). ``n`` larger than V is clamped
-    to V (every token is then in both sets, overlap 1). Returns ``(k,)`` float64 or a
-    scalar for 1-D input.
-    """
-    zd, squeeze = _rows(z_draft)
-    zt, _ = _rows(z_target)
-    if zd.shape != zt.shape:
-        raise ValueError(f"draft and target logits differ in shape: {zd.shape} vs {zt.shape}")
-    n = int(n)
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    n = min(n, zd.shape[-1])
-    a = _top_n_sets(zd, n)
-    b = _top_n_sets(zt, n)
-    common = (a[:, :, None] == b[:, None, :]).any(axis=-1).sum(axis=-1)
-    ov = common / float(n)
-    return ov[0] if squeeze else ov
-
-
-def gate(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):
-    """EASD gate: ``H_d >= tau_draft and H_t >= tau_target and O >= tau_overlap``.
-
-    Elementwise on arrays (a numpy bool array; ``np.bool_`` for scalars). An infinite
-    threshold never fires (no finite entropy or overlap reaches +inf); NaN never fires.
-    """
-    return (
-        (np.asarray(h_draft) >= tau_draft)
-        & (np.asarray(h_target) >= tau_target)
-        & (np.asarray(overlap) >= tau_overlap)
-    )
 
 
 # --------------------------------------------------------------- sampling distribution
@@ -247,7 +163,7 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
 def greedy(logits):
     """Argmax per row (first maximum on ties, as ``np.argmax``); int for 1-D input."""
     z, squeeze = _rows(logits)
-    a = np.argmax(z, axis=-1)
+    a = z.argmax(axis=-1)
     return int(a[0]) if squeeze else a
 
 
@@ -263,13 +179,13 @@ def runner_up(logits, exclude):
     if V < 2:
         raise ValueError("runner_up needs a vocabulary of at least 2 tokens")
     ex = np.broadcast_to(np.asarray(exclude, dtype=np.intp).reshape(-1), (k,))
-    best = np.argmax(z, axis=-1)
+    best = z.argmax(axis=-1)
     clash = np.flatnonzero(best == ex)
     if clash.size:
         sub = z[clash].copy()
         exc = ex[clash]
         sub[np.arange(clash.size), exc] = -np.inf
-        b2 = np.argmax(sub, axis=-1)
+        b2 = sub.argmax(axis=-1)
         same = b2 == exc
         b2[same] = (exc[same] + 1) % V
         best[clash] = b2
@@ -359,52 +275,18 @@ def sample(probs, rng: np.random.Generator) -> int:
 # ------------------------------------------------------------------- one verify block
 
 
-@dataclass(frozen=True)
-class BlockResult:
-    """Outcome of one SD/EASD verification of a drafted block.
+class Pick(NamedTuple):
+    """One emitted token: its id, its origin and the gate's reading at its position (None
+    where the gate had no position to read: the bonus token, target and draft modes)."""
 
-    ``tokens``/``origins`` are emitted in order; origins are DRAFT (accepted draft
-    token), RESAMPLED (SD rejection: resampled from the residual, greedy: the target's
-    argmax), EASD (the gate fired on an SD-accepted draft token and the target
-    re-picked) or BONUS (all drafts accepted: one extra token from the target).
-    Identities: ``count(DRAFT) + count(EASD) == n_accepted_sd``,
-    ``count(RESAMPLED) == n_rejected_sd`` (0 or 1), ``count(easd) == int(gate_fired)``,
-    a bonus exactly when all g drafts were accepted and the gate did not fire, so
-    ``len(tokens) == n_accepted_sd + n_rejected_sd + bonus``.
-    ``h_draft``/``h_target``/``overlap`` have one entry per drafted position examined
-    (``n_accepted_sd + n_rejected_sd``). They hold only what the gate needed: H_t at each
-    SD-accepted position (the gate is never evaluated at the rejected one), H_d and the
-    overlap only where H_t >= tau_target; NaN everywhere else and when the gate is off
-    or cannot fire.
-    """
-
-    tokens: list[int]
-    origins: list[str]
-    n_accepted_sd: int
-    n_rejected_sd: int
-    gate_fired: bool
-    h_draft: list[float] = field(default_factory=list)
-    h_target: list[float] = field(default_factory=list)
-    overlap: list[float] = field(default_factory=list)
-
-    @property
-    def bonus(self) -> bool:
-        return bool(self.origins) and self.origins[-1] == BONUS
-
-    @property
-    def n_draft_emitted(self) -> int:
-        return self.origins.count(DRAFT)
+    token: int
+    origin: str
+    reading: Reading | None = None
 
 
-def verify_block(
-    draft_tokens,
-    z_draft,
-    z_target,
-    cfg: DecodeConfig,
-    rng: np.random.Generator,
-    gate_on: bool,
-) -> BlockResult:
-    """One SD (``gate_on=False``) or EASD (``gate_on=True``) verification step.
+def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng: np.random.Generator) -> list[Pick]:
+    """One SD verification of a drafted block, gated by ``gate_`` (EASD; a gate that cannot
+    fire is plain SD): the tokens it emits, in order.
 
     ``draft_tokens`` (g,), ``z_draft`` (g, V) the draft's raw logits at each drafted
     position (in sampling mode draft token i must have been sampled from
@@ -419,9 +301,15 @@ def verify_block(
     token is emitted (argmax / sample of p_g). EASD: an SD-accepted draft token whose
     gate (raw-logit entropies and top-N overlap) fires is replaced by the target's
     runner-up (greedy) or a sample of penalize(p_i, d_i, cfg.penalty) (EASD) and the
-    block stops. No gate on the bonus token. The gate is evaluated lazily, position by
-    position, only where it can change the outcome (see BlockResult for what is
-    reported); the decisions are those of evaluating it everywhere.
+    block stops. No gate on the bonus token. The gate is read lazily
+    (``Gate.read_lazily``), only at SD-accepted positions and only until it fires: each
+    examined position's reading holds only what the decision needed (H_t alone below
+    tau_target; NaN at the rejected position, where it is never read); the decisions
+    are those of reading it everywhere.
+
+    Identities: ``DRAFT + EASD`` picks are the drafts the SD test accepted, at most one
+    RESAMPLED, at most one EASD, a BONUS exactly when all g drafts were accepted and the
+    gate did not fire.
 
     Random numbers (sampling mode only; greedy consumes none), in this order: for each
     examined position one ``rng.random()`` for the acceptance test; then exactly one
@@ -436,27 +324,6 @@ def verify_block(
     if zt.shape[0] != g + 1:
         raise ValueError(f"z_target must have g+1 = {g + 1} rows, got {zt.shape[0]}")
     zd = np.asarray(z_draft).reshape(g, V) if g else np.zeros((0, V), dtype=zt.dtype)
-
-    hd, ht, ov = [math.nan] * g, [math.nan] * g, [math.nan] * g
-    can_fire = gate_on and _gate_can_fire(cfg)
-
-    def fires(i: int) -> bool:
-        # Evaluated only at SD-accepted positions, in order, and only until the first
-        # fire: the gate cannot change anything elsewhere. H_t is the cheap filter
-        # (one row); H_d and the top-N overlap are computed only where H_t passes.
-        if not can_fire:
-            return False
-        ht[i] = float(entropy(zt[i]))
-        if ht[i] < cfg.tau_target:
-            return False
-        hd[i] = float(entropy(zd[i]))
-        ov[i] = float(top_n_overlap(zd[i], zt[i], cfg.top_n))
-        return bool(gate(hd[i], ht[i], ov[i], cfg.tau_draft, cfg.tau_target, cfg.overlap))
-
-    tokens: list[int] = []
-    origins: list[str] = []
-    n_acc = n_rej = 0
-    fired = False
 
     # The four outcomes of a position, greedy or sampled; the loop below is shared so that
     # both follow the same order: test, then gate, then (at the end) the bonus.
@@ -491,57 +358,22 @@ def verify_block(
         def on_bonus() -> int:
             return sample(p[g], rng)
 
+    picks: list[Pick] = []
     for i in range(g):
         di = int(d[i])
         if not accepts(i, di):
-            tokens.append(on_reject(i))
-            origins.append(RESAMPLED)
-            n_rej = 1
-            break
-        n_acc += 1
-        if fires(i):
-            tokens.append(on_gate(i, di))
-            origins.append(EASD)
-            fired = True
-            break
-        tokens.append(di)
-        origins.append(DRAFT)
-    else:
-        tokens.append(on_bonus())
-        origins.append(BONUS)
-
-    n_exam = n_acc + n_rej
-    return BlockResult(
-        tokens=tokens,
-        origins=origins,
-        n_accepted_sd=n_acc,
-        n_rejected_sd=n_rej,
-        gate_fired=fired,
-        h_draft=list(hd[:n_exam]),
-        h_target=list(ht[:n_exam]),
-        overlap=list(ov[:n_exam]),
-    )
+            picks.append(Pick(on_reject(i), RESAMPLED, Reading()))
+            return picks
+        r = gate_.read_lazily(zd[i], zt[i])
+        if r.open:
+            picks.append(Pick(on_gate(i, di), EASD, r))
+            return picks
+        picks.append(Pick(di, DRAFT, r))
+    picks.append(Pick(on_bonus(), BONUS))
+    return picks
 
 
 # ------------------------------------------------------------ target-first EASD (tf)
-
-
-def _gate_can_fire(cfg: DecodeConfig) -> bool:
-    return math.isfinite(cfg.tau_draft) and math.isfinite(cfg.tau_target) and cfg.overlap <= 1.0
-
-
-def consult_draft(z_target_row, cfg: DecodeConfig, gate_on: bool) -> tuple[bool, float]:
-    """easd-tf: whether the draft's logits are needed at this position, and H(z_t).
-
-    The draft is consulted only if the gate is on, can fire at all (finite entropy
-    thresholds, overlap threshold <= 1) and ``H(z_t) >= cfg.tau_target``. ``h_t`` is
-    NaN when the gate is off (the entropy is then not computed). Pass ``h_t`` on to
-    ``target_first_step`` to avoid computing it twice.
-    """
-    if not gate_on:
-        return False, math.nan
-    h_t = float(entropy(z_target_row))
-    return bool(_gate_can_fire(cfg) and h_t >= cfg.tau_target), h_t
 
 
 def _emit_from_p(z_t: np.ndarray, cfg: DecodeConfig, rng: np.random.Generator) -> int:
@@ -550,51 +382,126 @@ def _emit_from_p(z_t: np.ndarray, cfg: DecodeConfig, rng: np.random.Generator) -
     return sample(sampling_probs(z_t, cfg.temperature, cfg.top_k, cfg.top_p), rng)
 
 
-def target_first_step(
-    z_target_row,
-    z_draft_row,
-    cfg: DecodeConfig,
-    rng: np.random.Generator,
-    gate_on: bool,
-    h_t: float | None = None,
-) -> tuple[int, str, bool, float, float, float]:
-    """One position of target-first EASD ("easd-tf"); returns
-    ``(token, origin, fired, h_t, h_d, overlap)``.
+def target_first(z_target_row, z_draft_row, cfg: DecodeConfig, gate_: Gate, rng: np.random.Generator,
+                 h_target: float) -> Pick:
+    """One position of target-first EASD ("easd-tf").
 
-    ``z_draft_row`` is None when ``consult_draft`` said the draft need not be consulted:
-    the token is then emitted from p (greedy argmax or one sample), origin TARGET,
-    and ``h_d``/``overlap`` are NaN. With draft logits the gate is evaluated on raw
-    logits; closed -> emit from p. Open, greedy: if argmax q == argmax p emit the
-    target's runner-up (EASD, fired) else argmax p (TARGET). Open, sampling: draw
-    ``d ~ q``; if the SD test would accept d (probability min(1, p(d)/q(d))) emit a
-    sample of ``penalize(p, d, cfg.penalty)`` (EASD, fired), else a sample of
-    ``residual(p, q)`` (TARGET: easd-tf drafts nothing, so no drafted token was
+    ``h_target`` is ``gate_.screen(z_target_row)``; ``z_draft_row`` is None where
+    ``gate_.wants_draft(h_target)`` said the draft need not be consulted: the token is then
+    emitted from p (greedy argmax or one sample), origin TARGET, and the reading holds H_t
+    alone. With draft logits the gate is read on raw logits; closed -> emit from p. Open,
+    greedy: if argmax q == argmax p emit the target's runner-up (EASD) else argmax p
+    (TARGET). Open, sampling: draw ``d ~ q``; if the SD test would accept d (probability
+    min(1, p(d)/q(d))) emit a sample of ``penalize(p, d, cfg.penalty)`` (EASD), else a
+    sample of ``residual(p, q)`` (TARGET: easd-tf drafts nothing, so no drafted token was
     rejected; every position it does not fire at is the target's choice).
 
     Random numbers (sampling only): emit-from-p uses one draw; the open gate uses three,
     in order: d ~ q, the acceptance uniform, the emitted token.
-    ``h_t`` may be passed (from ``consult_draft``) to skip recomputing it.
     """
     z_t = np.asarray(z_target_row)
-    if h_t is None:
-        h_t = float(entropy(z_t)) if gate_on else math.nan
-    if not gate_on or z_draft_row is None:
-        return _emit_from_p(z_t, cfg, rng), TARGET, False, h_t, math.nan, math.nan
+    if z_draft_row is None:
+        return Pick(_emit_from_p(z_t, cfg, rng), TARGET, Reading(math.nan, h_target))
     z_d = np.asarray(z_draft_row)
-    h_d = float(entropy(z_d))
-    ov = float(top_n_overlap(z_d, z_t, cfg.top_n))
-    if not gate(h_d, h_t, ov, cfg.tau_draft, cfg.tau_target, cfg.overlap):
-        return _emit_from_p(z_t, cfg, rng), TARGET, False, h_t, h_d, ov
+    r = gate_.read(z_d, z_t, h_target)
+    if not r.open:
+        return Pick(_emit_from_p(z_t, cfg, rng), TARGET, r)
     if cfg.greedy:
         a_p = greedy(z_t)
         if greedy(z_d) == a_p:
-            return runner_up(z_t, a_p), EASD, True, h_t, h_d, ov
-        return a_p, TARGET, False, h_t, h_d, ov
+            return Pick(runner_up(z_t, a_p), EASD, r)
+        return Pick(a_p, TARGET, r)
     T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
     p = sampling_probs(z_t, T, K, P)
     q = sampling_probs(z_d, T, K, P)
     d = sample(q, rng)
     if sd_accept(p[d], q[d], rng.random()):
-        pen = penalize(p, d, cfg.penalty, fallback=lambda: sampling_probs(z_t, T))
-        return sample(pen, rng), EASD, True, h_t, h_d, ov
-    return sample(residual(p, q), rng), TARGET, False, h_t, h_d, ov
+        return Pick(sample(penalize(p, d, cfg.penalty, fallback=lambda: sampling_probs(z_t, T)), rng), EASD, r)
+    return Pick(sample(residual(p, q), rng), TARGET, r)
+
+
+# ------------------------------------------- the earlier API: blocks, tuples, a gate flag
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """``verify``'s picks in the form ``verify_block`` has always returned.
+
+    ``tokens``/``origins`` are emitted in order. Identities: ``count(DRAFT) + count(EASD)
+    == n_accepted_sd``, ``count(RESAMPLED) == n_rejected_sd`` (0 or 1), ``count(easd) ==
+    int(gate_fired)``, a bonus exactly when all g drafts were accepted and the gate did not
+    fire, so ``len(tokens) == n_accepted_sd + n_rejected_sd + bonus``.
+    ``h_draft``/``h_target``/``overlap`` have one entry per drafted position examined
+    (``n_accepted_sd + n_rejected_sd``), NaN where the gate did not need the figure.
+    """
+
+    picks: tuple[Pick, ...]
+
+    @property
+    def tokens(self) -> list[int]:
+        return [p.token for p in self.picks]
+
+    @property
+    def origins(self) -> list[str]:
+        return [p.origin for p in self.picks]
+
+    @property
+    def n_accepted_sd(self) -> int:
+        return sum(p.origin in (DRAFT, EASD) for p in self.picks)
+
+    @property
+    def n_rejected_sd(self) -> int:
+        return sum(p.origin == RESAMPLED for p in self.picks)
+
+    @property
+    def gate_fired(self) -> bool:
+        return any(p.origin == EASD for p in self.picks)
+
+    def _figures(self, name: str) -> list[float]:
+        return [getattr(p.reading, name) for p in self.picks if p.reading is not None]
+
+    @property
+    def h_draft(self) -> list[float]:
+        return self._figures("h_draft")
+
+    @property
+    def h_target(self) -> list[float]:
+        return self._figures("h_target")
+
+    @property
+    def overlap(self) -> list[float]:
+        return self._figures("overlap")
+
+    @property
+    def bonus(self) -> bool:
+        return bool(self.picks) and self.picks[-1].origin == BONUS
+
+    @property
+    def n_draft_emitted(self) -> int:
+        return self.origins.count(DRAFT)
+
+
+def verify_block(draft_tokens, z_draft, z_target, cfg: DecodeConfig, rng: np.random.Generator,
+                 gate_on: bool) -> BlockResult:
+    """``verify`` with the gate on (EASD, as far as ``cfg``'s thresholds can fire) or off (SD)."""
+    return BlockResult(tuple(verify(draft_tokens, z_draft, z_target, cfg, Gate.of(cfg, on=gate_on), rng)))
+
+
+def consult_draft(z_target_row, cfg: DecodeConfig, gate_on: bool) -> tuple[bool, float]:
+    """easd-tf: whether the draft's logits are needed at this position, and H(z_t) (NaN
+    when the gate is off; computed when it is on, even where its thresholds cannot fire)."""
+    if not gate_on:
+        return False, math.nan
+    h_t = float(entropy(z_target_row))
+    return Gate.of(cfg, on=True).wants_draft(h_t), h_t
+
+
+def target_first_step(z_target_row, z_draft_row, cfg: DecodeConfig, rng: np.random.Generator, gate_on: bool,
+                      h_t: float | None = None) -> tuple[int, str, bool, float, float, float]:
+    """``target_first`` as ``(token, origin, fired, h_t, h_d, overlap)``; ``h_t`` from
+    ``consult_draft`` (computed here when None and the gate is on)."""
+    if h_t is None:
+        h_t = float(entropy(z_target_row)) if gate_on else math.nan
+    pick = target_first(z_target_row, z_draft_row if gate_on else None, cfg, Gate.of(cfg, on=gate_on), rng, h_t)
+    r = pick.reading
+    return pick.token, pick.origin, pick.origin == EASD, r.h_target, r.h_draft, r.overlap

@@ -275,18 +275,7 @@ class Model(ModelFile):
                     f"{per_seq} tokens needs {fmt_bytes(need)}, but only {fmt_bytes(avail)} of memory is free "
                     "(lower --parallel or --ctx)"
                 )
-        cparams = _ll.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        # one ubatch per batch: a verify block (or a step of all sequences) is one graph
-        cparams.n_batch, cparams.n_ubatch = opts.batch_sizes(n_ctx)
-        cparams.n_seq_max = self.n_seq
-        cparams.kv_unified = True  # see the module docstring
-        cparams.n_threads = opts.threads()
-        cparams.n_threads_batch = opts.threads()
-        cparams.flash_attn_type = (
-            _ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else _ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        )
-        cparams.no_perf = True
+        cparams = _context_params(opts, n_ctx, self.n_seq)
         with deferred_interrupt():
             ctx = _ll.llama_init_from_model(model, cparams)
             self._ctx = ctx or None  # close() frees it if Ctrl-C ends the load here
@@ -407,22 +396,9 @@ class Model(ModelFile):
         if start_pos > n_have:
             raise ValueError(f"start_pos {start_pos} is past the cache end {n_have}")
         part = Part(seq, tokens, logits_at)
-        self._check(part, start_pos)
+        _rows_wanted(part, start_pos, self.n_ctx)
         self.rollback(start_pos, seq)
         return self.decode_batch([part])[0]
-
-    def _check(self, part: Part, start: int) -> list[int]:
-        """The sorted distinct rows ``part`` asks for; ValueError / ContextOverflowError for a
-        part that cannot be decoded at ``start``."""
-        n = len(part.tokens)
-        want = sorted({(i + n) if i < 0 else i for i in part.logits_at})
-        if want and (want[0] < 0 or want[-1] >= n):
-            raise ValueError(f"logits_at {list(part.logits_at)} out of range for {n} tokens")
-        if start + n > self.n_ctx:
-            raise ContextOverflowError(
-                f"context full: {start + n} tokens needed, the context holds {self.n_ctx} (raise --ctx)"
-            )
-        return want
 
     def decode_batch(self, parts: Sequence[Part]) -> list[np.ndarray]:
         """Evaluate several sequences' tokens in one ``llama_decode`` (several when they
@@ -442,7 +418,7 @@ class Model(ModelFile):
                 raise ValueError(f"sequence {p.seq} appears twice in one batch")
             seen.add(p.seq)
             start = len(self._seqs[p.seq])
-            wants.append(self._check(p, start))
+            wants.append(_rows_wanted(p, start, self.n_ctx))
             starts.append(start)
         outs = [np.empty((len(w), self.n_vocab), dtype=np.float32) for w in wants]
         crashnote.note(self._decode_note)
@@ -456,30 +432,13 @@ class Model(ModelFile):
             self._seq_rm(p.seq, starts[k])
             row_of = {idx: r for r, idx in enumerate(want)}
             flat.extend((k, j, row_of.get(j, -1)) for j in range(len(p.tokens)))
-        batch = self._batch
         for c0 in range(0, len(flat), self.n_batch):
-            chunk = flat[c0 : c0 + self.n_batch]
-            outs_at: list[tuple[int, int, int]] = []
-            for j, (k, i, row) in enumerate(chunk):
-                p = parts[k]
-                batch.token[j] = p.tokens[i]
-                batch.pos[j] = starts[k] + i
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = p.seq
-                batch.logits[j] = row >= 0
-                if row >= 0:
-                    outs_at.append((j, k, row))
-            batch.n_tokens = len(chunk)
-            rc = _ll.llama_decode(self._ctx, batch)
+            outs_at = _fill_batch(self._batch, flat[c0 : c0 + self.n_batch], parts, starts)
+            rc = _ll.llama_decode(self._ctx, self._batch)
             if rc != 0:
-                # leave every sequence as it was before this call
-                for k, p in enumerate(parts):
+                for k, p in enumerate(parts):  # every sequence as it was before this call
                     self._seq_rm(p.seq, starts[k])
-                if rc == 1:
-                    raise ContextOverflowError(f"{self.path.name}: no room left in the KV cache (raise --ctx)")
-                if rc == 2:
-                    raise KeyboardInterrupt
-                raise RuntimeFailure(f"{self.path.name}: llama_decode failed with code {rc}")
+                _decode_failed(self.path.name, rc)
             for j, k, row in outs_at:
                 ptr = _ll.llama_get_logits_ith(self._ctx, j)
                 if not ptr:
@@ -492,12 +451,7 @@ class Model(ModelFile):
                 outs[k][row] = z
         for p in parts:
             self._seqs[p.seq].extend(p.tokens)
-        result = []
-        for p, want, out in zip(parts, wants, outs):
-            n = len(p.tokens)
-            order = [want.index((i + n) if i < 0 else i) for i in p.logits_at]
-            result.append(out if order == list(range(len(want))) else out[order])
-        return result
+        return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
 
     def _non_finite(self) -> None:
         # Corrupt weights (flipped bytes, a broken quantization) give NaN or inf logits;
@@ -507,3 +461,66 @@ class Model(ModelFile):
             f"{self.path}: the model produced NaN or infinite logits; its weights look corrupt "
             "(re-download or re-convert the file)"
         )
+
+
+# --------------------------------------------------------------------------- batches
+def _context_params(opts: LoadOptions, n_ctx: int, n_seq: int):
+    cparams = _ll.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    # one ubatch per batch: a verify block (or a step of all sequences) is one graph
+    cparams.n_batch, cparams.n_ubatch = opts.batch_sizes(n_ctx)
+    cparams.n_seq_max = n_seq
+    cparams.kv_unified = True  # see the module docstring
+    cparams.n_threads = opts.threads()
+    cparams.n_threads_batch = opts.threads()
+    cparams.flash_attn_type = (
+        _ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if opts.flash_attn else _ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    )
+    cparams.no_perf = True
+    return cparams
+
+
+def _rows_wanted(part: Part, start: int, n_ctx: int) -> list[int]:
+    """The sorted distinct rows ``part`` asks for; ValueError / ContextOverflowError for a
+    part that cannot be decoded at ``start`` in a sequence of ``n_ctx`` cells."""
+    n = len(part.tokens)
+    want = sorted({(i + n) if i < 0 else i for i in part.logits_at})
+    if want and (want[0] < 0 or want[-1] >= n):
+        raise ValueError(f"logits_at {list(part.logits_at)} out of range for {n} tokens")
+    if start + n > n_ctx:
+        raise ContextOverflowError(f"context full: {start + n} tokens needed, the context holds {n_ctx} (raise --ctx)")
+    return want
+
+
+def _fill_batch(batch, chunk: list[tuple[int, int, int]], parts: Sequence[Part],
+                starts: list[int]) -> list[tuple[int, int, int]]:
+    """Write ``chunk`` ((part, token index, wanted row or -1) each) into llama.cpp's
+    ``batch``; return (batch index, part, row) of the rows to copy out after the decode."""
+    outs_at = []
+    for j, (k, i, row) in enumerate(chunk):
+        p = parts[k]
+        batch.token[j] = p.tokens[i]
+        batch.pos[j] = starts[k] + i
+        batch.n_seq_id[j] = 1
+        batch.seq_id[j][0] = p.seq
+        batch.logits[j] = row >= 0
+        if row >= 0:
+            outs_at.append((j, k, row))
+    batch.n_tokens = len(chunk)
+    return outs_at
+
+
+def _decode_failed(name: str, rc: int) -> None:
+    """Raise what ``llama_decode``'s return code ``rc`` means."""
+    if rc == 1:
+        raise ContextOverflowError(f"{name}: no room left in the KV cache (raise --ctx)")
+    if rc == 2:
+        raise KeyboardInterrupt
+    raise RuntimeFailure(f"{name}: llama_decode failed with code {rc}")
+
+
+def _in_asked_order(part: Part, want: list[int], out: np.ndarray) -> np.ndarray:
+    """The rows of ``out`` (in ``want``'s sorted order) in the order ``part.logits_at`` asked."""
+    n = len(part.tokens)
+    order = [want.index((i + n) if i < 0 else i) for i in part.logits_at]
+    return out if order == list(range(len(want))) else out[order]

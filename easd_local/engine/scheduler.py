@@ -1,13 +1,13 @@
-"""Many sequences at once: one small stepper per mode and a scheduler that packs the work
-of every active sequence into as few llama.cpp batches as a step allows.
+"""Many sequences at once: a scheduler that drives every active sequence's step (``steps``,
+one per mode) and packs what they ask for into as few llama.cpp batches as a step allows.
 
 A step advances every active sequence by one step of its mode:
 
 - ``target`` / ``draft``: one token;
-- ``sd`` / ``easd``: draft up to gamma tokens, verify them on the target, accept, gate
-  (``rules.verify_block``), roll both caches back to the accepted prefix;
-- ``easd-tf``: one target token, consulting the draft only where ``H_t >= tau_t``
-  (``rules.consult_draft`` / ``rules.target_first_step``).
+- ``sd`` / ``easd``: draft up to gamma tokens (the drafter, ``drafter``), verify them on the
+  target, accept and gate (``rules.verify``), roll both caches back to the emitted prefix;
+- ``easd-tf``: one target token, consulting the draft only where the gate may fire
+  (``gate.Gate.wants_draft``, ``rules.target_first``).
 
 and issues, in this order:
 
@@ -30,10 +30,10 @@ logits, so its output does not depend on which sequences share its batches beyon
 llama.cpp's batched-vs-single numerics (a one-token batch takes another matmul kernel
 than a multi-token one; see tests/test_runtime.py).
 
-Cache invariant (per sequence, as in ``decoding``): before a step the target's sequence
-holds ``seq[:-1]``; the draft's holds a prefix of ``seq``.
+Cache invariant (per sequence, see ``steps``): before a step the target's sequence holds
+``seq[:-1]``; the draft's holds a prefix of ``seq``.
 
-Statistics per sequence are exactly those of ``decoding.Stats``. Times: ``seconds_draft``
+Statistics per sequence are one ``events.Stats``. Times: ``seconds_draft``
 and ``seconds_target`` are the seconds spent inside the draft's / target's decodes while
 the sequence was active (batches are shared: at B > 1 they include work done for other
 sequences, which the sequence waited for); ``seconds_controller`` is the rest of its life.
@@ -45,18 +45,19 @@ from __future__ import annotations
 
 import math
 import time
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
-from . import rules
 from .config import DecodeConfig
-from .decoding import DRAFT_ONLY, TARGET, Finished, Stats, TokenEvent, fits_context
+from .events import Finished, TokenEvent, fits_context
 from ..errors import ConfigError, ContextOverflowError, EasdError, RuntimeFailure
 from .pair import Pair
 from .runtime import Model, Part
-from .vocab import Detokenizer
+from .sequence import Seq as _Seq  # one sequence's state (the name this module has always used)
+from .steps import STEPS, StepGen
 
 
 @dataclass(frozen=True)
@@ -81,276 +82,6 @@ class Failed:
 
 
 Event = TokenEvent | Finished | Failed
-
-
-def _probs_max(z: np.ndarray) -> float:
-    m = float(z.max())
-    return 1.0 / float(np.exp(z - m, dtype=np.float32).sum())
-
-
-class _Seq:
-    """One sequence's state: what it has generated, its statistics, and the scratch of the
-    step in progress."""
-
-    def __init__(self, rid: int, slot: int, req: Request, main: Model, V: int, ctx_limit: int) -> None:
-        cfg = req.cfg
-        self.rid, self.slot, self.req, self.cfg, self.V = rid, slot, req, cfg, V
-        self.mode = cfg.mode
-        self.gate_on = cfg.gate_enabled
-        self.rng = rules.make_rng(cfg.seed if req.rng_seed is None else req.rng_seed)
-        self.eog = set(main.vocab.eog_ids()) | set(req.stop_tokens)
-        self.detok = Detokenizer(main.vocab)
-        self.stats = Stats(
-            mode=cfg.mode, prompt_tokens=len(req.prompt), tau_draft=cfg.tau_draft, tau_target=cfg.tau_target,
-            top_n=cfg.top_n, overlap=cfg.overlap, penalty=cfg.penalty, gamma=cfg.gamma,
-            temperature=cfg.temperature, thresholds_source=req.thresholds_source,
-        )
-        self.seq = list(req.prompt)
-        self.out_tokens: list[int] = []
-        self.pieces: list[str] = []
-        self.budget = cfg.max_tokens
-        self.ctx_limit = ctx_limit
-        self.t_start = time.perf_counter()
-        self.first = True
-        self.done = False
-        self.stop_reason = "length"
-        self.sec_draft = 0.0
-        self.sec_target = 0.0
-        # step scratch (sd/easd: drafting; easd-tf: the consult)
-        self.n_old = 0
-        self.g_max = 0
-        self.d_tokens: list[int] = []
-        self.z_drafts: list[np.ndarray] = []
-        self.pending: list[int] = []
-        self.drafting = False
-        self.z_t: np.ndarray | None = None
-        self.h_t = math.nan
-        self.consult = False
-
-    def emit(self, tok: int, origin: str, h_d=None, h_t=None, ov=None) -> TokenEvent:
-        s = self.stats
-        if self.first:
-            s.ttft_s = time.perf_counter() - self.t_start
-            self.first = False
-        s.count(origin)
-        self.seq.append(tok)
-        self.out_tokens.append(tok)
-        text = "" if tok in self.eog else self.detok.add(tok)
-        self.pieces.append(text)
-        return TokenEvent(tok, text, origin, h_d, h_t, ov)
-
-    def sample_from(self, z: np.ndarray) -> int:
-        cfg = self.cfg
-        if cfg.greedy:
-            return int(np.argmax(z))
-        return rules.sample(rules.sampling_probs(z[None, :], cfg.temperature, cfg.top_k, cfg.top_p)[0], self.rng)
-
-    def after_single(self, tok: int) -> None:
-        """Bookkeeping after a one-token step."""
-        self.budget -= 1
-        if tok in self.eog:
-            self.done, self.stop_reason = True, "eos"
-        elif self.budget <= 0:
-            self.done = True
-
-    def finished(self) -> Finished:
-        s = self.stats
-        tail = self.detok.flush()
-        if tail:
-            self.pieces.append(tail)
-        total = time.perf_counter() - self.t_start
-        s.seconds_total = total
-        s.seconds_draft = self.sec_draft
-        s.seconds_target = self.sec_target
-        s.seconds_controller = max(0.0, total - self.sec_draft - self.sec_target)
-        info = self.cfg.mode_info
-        if info.speculative:  # every target call after the prompt verified a drafted block
-            s.verify_calls, s.verified_tokens = s.target_calls, s.tokens
-        if info.target_first:
-            s.target_first_tokens = s.tokens
-        s.stop_reason = self.stop_reason
-        return Finished(stats=s, text="".join(self.pieces), tokens=self.out_tokens, tail=tail)
-
-
-# ----------------------------------------------------------------------------- steppers
-
-
-class _Stepper:
-    """One mode's step over one sequence, in the scheduler's phases. A ``*_part`` method
-    returns the work the sequence needs from a batch (None: nothing); the matching ``on_*``
-    gets that part's logits (rows of the shared vocabulary) and returns the tokens emitted."""
-
-    def __init__(self, target: Model | None, draft: Model | None) -> None:
-        self.target, self.draft = target, draft
-
-    def begin(self, s: _Seq) -> None:
-        pass
-
-    def draft_part(self, s: _Seq) -> Part | None:
-        return None
-
-    def on_draft(self, s: _Seq, z: np.ndarray) -> list[TokenEvent]:
-        raise AssertionError("no draft work")  # pragma: no cover
-
-    def target_part(self, s: _Seq) -> Part | None:
-        return None
-
-    def on_target(self, s: _Seq, z: np.ndarray) -> list[TokenEvent]:
-        raise AssertionError("no target work")  # pragma: no cover
-
-    def consult_part(self, s: _Seq) -> Part | None:
-        return None
-
-    def on_consult(self, s: _Seq, z: np.ndarray) -> list[TokenEvent]:
-        raise AssertionError("no consult")  # pragma: no cover
-
-
-class _TargetStep(_Stepper):
-    """mode target: one token from the target."""
-
-    def target_part(self, s):
-        return Part(s.slot, [s.seq[-1]])
-
-    def on_target(self, s, z):
-        s.stats.target_calls += 1
-        return _sample_one(s, z, TARGET)
-
-
-def _sample_one(s: _Seq, z: np.ndarray, origin: str) -> list[TokenEvent]:
-    """Plain decoding's step: sample the one row, emit it as ``origin``, advance."""
-    tok = s.sample_from(z[0])
-    ev = s.emit(tok, origin)
-    s.after_single(tok)
-    return [ev]
-
-
-class _DraftStep(_Stepper):
-    """mode draft: one token from the draft (in the first drafting round)."""
-
-    def begin(self, s):
-        s.drafting = True
-
-    def draft_part(self, s):
-        if not s.drafting:
-            return None
-        s.drafting = False
-        return Part(s.slot, [s.seq[-1]])
-
-    def on_draft(self, s, z):
-        s.stats.draft_calls += 1
-        return _sample_one(s, z, DRAFT_ONLY)
-
-
-class _SpecStep(_Stepper):
-    """modes sd / easd: draft up to gamma tokens (one drafting round each; the first also
-    catches the draft up), verify [last, d1..dg] on the target in one block, accept and
-    gate with ``rules.verify_block``, roll both caches back to the accepted prefix."""
-
-    def begin(self, s):
-        s.n_old = len(s.seq)
-        # stop drafting early on the context end, the token budget or, like llama.cpp,
-        # when the draft's top probability < p_min
-        room = s.ctx_limit - s.n_old - 1
-        s.g_max = max(0, min(s.cfg.gamma, room, s.budget))
-        s.d_tokens, s.z_drafts = [], []
-        s.pending = s.seq[self.draft.seq_len(s.slot) :]
-        s.drafting = s.g_max > 0
-
-    def draft_part(self, s):
-        return Part(s.slot, s.pending) if s.drafting else None
-
-    def on_draft(self, s, z):
-        st = s.stats
-        zq = z[0]
-        st.draft_calls += 1
-        if len(s.pending) > 1:
-            st.catchup_calls += 1
-            st.catchup_tokens += len(s.pending)
-        if s.cfg.draft_p_min > 0.0 and _probs_max(zq) < s.cfg.draft_p_min:
-            s.drafting = False
-            return []
-        d = s.sample_from(zq)
-        s.d_tokens.append(d)
-        s.z_drafts.append(zq)
-        s.pending = [d]
-        s.drafting = d not in s.eog and len(s.d_tokens) < s.g_max
-        return []
-
-    def target_part(self, s):
-        g = len(s.d_tokens)
-        return Part(s.slot, [s.seq[-1]] + s.d_tokens, range(g + 1))
-
-    def on_target(self, s, z_t):
-        st, g = s.stats, len(s.d_tokens)
-        st.drafted += g
-        st.target_calls += 1
-        z_d = np.stack(s.z_drafts) if g else np.empty((0, s.V), dtype=np.float32)
-        res = rules.verify_block(np.asarray(s.d_tokens, dtype=np.int64), z_d, z_t, s.cfg, s.rng, s.gate_on)
-        st.accepted += res.n_accepted_sd
-        block = list(res.tokens)
-        events = []
-        for i, (tok, origin) in enumerate(zip(res.tokens, res.origins)):
-            h_d = res.h_draft[i] if i < len(res.h_draft) else None
-            h_t = res.h_target[i] if i < len(res.h_target) else None
-            ov = res.overlap[i] if i < len(res.overlap) else None
-            events.append(s.emit(tok, origin, h_d, h_t, ov))
-            s.budget -= 1
-            if tok in s.eog or s.budget <= 0:
-                block = block[: i + 1]
-                break
-        # roll both caches back to the accepted prefix: the target keeps seq[:-1]; the
-        # draft keeps what it evaluated that is still on the path
-        self.target.rollback(s.n_old + len(block) - 1, s.slot)
-        self.draft.rollback(self.draft.common_prefix(s.seq, start=s.n_old - 1, seq=s.slot), s.slot)
-        s.d_tokens, s.z_drafts = [], []
-        if block[-1] in s.eog:
-            s.done, s.stop_reason = True, "eos"
-        elif s.budget <= 0:
-            s.done = True
-        return events
-
-
-class _TargetFirstStep(_Stepper):
-    """mode easd-tf: one target token; the draft is caught up and consulted only where the
-    target's entropy lets the gate fire."""
-
-    def target_part(self, s):
-        return Part(s.slot, [s.seq[-1]])
-
-    def on_target(self, s, z):
-        s.stats.target_calls += 1
-        z_t = z[0]
-        s.consult, s.h_t = rules.consult_draft(z_t, s.cfg, s.gate_on)
-        if s.consult:
-            s.z_t = z_t
-            return []
-        return self._emit(s, z_t, None)
-
-    def consult_part(self, s):
-        if not s.consult:
-            return None
-        s.pending = s.seq[self.draft.seq_len(s.slot) :]
-        return Part(s.slot, s.pending)
-
-    def on_consult(self, s, z):
-        st = s.stats
-        st.draft_calls += 1
-        st.draft_consults += 1
-        if len(s.pending) > 1:
-            st.catchup_calls += 1
-            st.catchup_tokens += len(s.pending)
-        z_t, s.z_t, s.consult = s.z_t, None, False
-        return self._emit(s, z_t, z[0])
-
-    def _emit(self, s, z_t, z_d):
-        tok, origin, _fired, h_t, h_d, ov = rules.target_first_step(z_t, z_d, s.cfg, s.rng, s.gate_on, h_t=s.h_t)
-        ev = s.emit(tok, origin, h_d, h_t, ov)
-        s.after_single(tok)
-        return [ev]
-
-
-_STEPPERS = {"target": _TargetStep, "draft": _DraftStep, "sd": _SpecStep, "easd": _SpecStep,
-             "easd-tf": _TargetFirstStep}
 
 
 # ---------------------------------------------------------------------------- scheduler
@@ -383,7 +114,7 @@ class Scheduler:
         self._slots: list[_Seq | None] = [None] * n_parallel
         self._new: list[_Seq] = []
         self._next_rid = 0
-        self._steppers = {mode: cls(pair.target, pair.draft) for mode, cls in _STEPPERS.items()}
+        self._steps = {mode: cls(pair.target, pair.draft) for mode, cls in STEPS.items()}
 
     # ------------------------------------------------------------------ admission
     def free_slots(self) -> int:
@@ -455,46 +186,47 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[tuple[int, Event]]:
-        """Advance every active sequence by one step of its mode."""
+        """Advance every active sequence by one step of its mode (``steps``): start each
+        one's step, then serve what the steps ask for, one batch per model at a time, the
+        draft's before the target's (drafting rounds, then one target batch, then easd-tf's
+        consults), until every step is over."""
         out: list[tuple[int, Event]] = []
         if self._new:
             self._prefill(out)
         live = [s for s in self._slots if s is not None]
+        waiting: dict[_Seq, tuple[StepGen, Model, Part]] = {}  # sequence -> its step, what it asks
         for s in live:
             if len(s.seq) >= s.ctx_limit:
                 s.done, s.stop_reason = True, "context"
             else:
-                self._steppers[s.mode].begin(s)
-        work = [s for s in live if not s.done]
-        # drafting rounds: one draft batch per round
-        while True:
-            parts = self._parts(work, "draft_part")
-            if not parts:
-                break
-            self._run(self.draft, parts, "on_draft", out)
-        # all target work of the step: one batch
-        parts = self._parts(work, "target_part")
-        if parts:
-            self._run(self.target, parts, "on_target", out)
-        # easd-tf catch-ups: one draft batch
-        parts = self._parts(work, "consult_part")
-        if parts:
-            self._run(self.draft, parts, "on_consult", out)
+                step = self._steps[s.mode](s)
+                self._advance(s, step, None, waiting, out)
+        while waiting:
+            asked = list(map(itemgetter(1), waiting.values()))
+            model = self.draft if self.draft in asked else self.target if self.target in asked else asked[0]
+            batch = [s for s in live if s in waiting and waiting[s][1] is model]  # slot order
+            self._run(model, batch, waiting, out)
         for s in live:
             if s.done and self._slots[s.slot] is s:
                 self._release(s)
                 out.append((s.rid, s.finished()))
         return out
 
-    def _parts(self, work: list[_Seq], which: str) -> list[tuple[_Seq, Part]]:
-        got = []
-        for s in work:
-            if self._slots[s.slot] is not s:  # failed earlier in this step
-                continue
-            p = getattr(self._steppers[s.mode], which)(s)
-            if p is not None:
-                got.append((s, p))
-        return got
+    def _advance(self, s: _Seq, step: StepGen, z: np.ndarray | None, waiting: dict, out: list) -> None:
+        """Run ``s``'s step on to its next ask (sending it ``z``), or to its end."""
+        try:
+            model, part = step.send(z)
+        except StopIteration:
+            model = None
+        except (EasdError, ValueError, FloatingPointError) as e:
+            model = e
+        if s.events:  # what the step emitted, before anything else about the sequence
+            out.extend([(s.rid, ev) for ev in s.events])
+            s.events.clear()
+        if isinstance(model, BaseException):
+            self._fail(s, model, out)
+        elif model is not None:
+            waiting[s] = (step, model, part)
 
     def _decode(self, model: Model, parts: list[Part]) -> list[np.ndarray]:
         """One batched decode, its seconds added to every active sequence's clock."""
@@ -510,22 +242,24 @@ class Scheduler:
                     else:
                         s.sec_target += dt
 
-    def _run(self, model: Model, work: list[tuple[_Seq, Part]], handler: str, out: list) -> None:
+    def _run(self, model: Model, batch: list[_Seq], waiting: dict, out: list) -> None:
+        """One batched decode of what ``batch`` asks of ``model``; each sequence's step gets
+        its rows. A failure fails only the sequences it concerns."""
+        steps = [waiting.pop(s) for s in batch]
         try:
-            zs = self._decode(model, [p for _, p in work])
+            zs = self._decode(model, [part for _, _, part in steps])
         except EasdError as e:  # a failed batch fails the sequences in it, nobody else
-            for s, _ in work:
+            for s, (step, _, _) in zip(batch, steps):
+                step.close()
                 self._fail(s, e, out)
             return
-        for (s, _), z in zip(work, zs):
-            try:
-                z = z[:, : self.V]
-                if not math.isfinite(float(z.max())):
-                    raise RuntimeFailure(f"{model.path.name} returned non-finite logits (NaN or inf)")
-                for ev in getattr(self._steppers[s.mode], handler)(s, z):
-                    out.append((s.rid, ev))
-            except (EasdError, ValueError, FloatingPointError) as e:
-                self._fail(s, e, out)
+        for s, (step, _, _), z in zip(batch, steps, zs):
+            z = z[:, : self.V]
+            if not math.isfinite(float(z.max())):
+                step.close()
+                self._fail(s, RuntimeFailure(f"{model.path.name} returned non-finite logits (NaN or inf)"), out)
+                continue
+            self._advance(s, step, z, waiting, out)
 
     def _fail(self, s: _Seq, e: BaseException, out: list) -> None:
         self._release(s, clear=True)

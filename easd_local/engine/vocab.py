@@ -35,6 +35,7 @@ class Vocab:
         self.chat_template = chat_template
         self._vocab = _ll.llama_model_get_vocab(model)
         self.n_vocab = int(_ll.llama_vocab_n_tokens(self._vocab))
+        self._pieces: dict[tuple[int, bool], bytes] = {}
 
     @property
     def vocab_type(self) -> int:
@@ -91,12 +92,16 @@ class Vocab:
         return list(buf[:n])
 
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = _ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = _ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
-        return buf.raw[: max(n, 0)]
+        key = (token, special)
+        piece = self._pieces.get(key)
+        if piece is None:  # a token's piece never changes: asked once (streaming asks per token)
+            buf = ctypes.create_string_buffer(64)
+            n = _ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = _ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+            piece = self._pieces[key] = buf.raw[: max(n, 0)]
+        return piece
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
         return b"".join(self.token_to_piece(t, special=special) for t in tokens).decode("utf-8", errors="replace")

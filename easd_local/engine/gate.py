@@ -1,0 +1,175 @@
+"""The EASD gate: its quantities (entropy, top-N overlap), its predicate, and ``Gate``, the one
+value built from the decoding settings that every user of the gate asks.
+
+The gate fires at a position where draft and target are both uncertain and agree on their
+candidates: ``H(z_d) >= tau_draft and H(z_t) >= tau_target and overlap >= tau_overlap`` on
+raw (untempered) logits. A gate whose thresholds cannot be reached (an infinite entropy
+threshold, an overlap threshold above 1) never fires, and then nothing is computed for it.
+The steps (``rules.verify``, ``rules.target_first``), ``near_ties`` and ``bench rerun`` read
+it through ``Gate``; ``rules`` re-exports the quantities. Pure numpy, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple
+
+import numpy as np
+
+from .modes import MODE_TABLE
+
+
+def _rows(logits) -> tuple[np.ndarray, bool]:
+    """View ``logits`` as 2-D float rows; the flag says the input was 1-D."""
+    z = np.asarray(logits)
+    if z.dtype.kind != "f":
+        z = z.astype(np.float32)
+    if z.ndim == 1:
+        return z[None, :], True
+    if z.ndim != 2:
+        raise ValueError(f"logits must have shape (V,) or (k, V), got {z.shape}")
+    return z, False
+
+
+def entropy(logits):
+    """Shannon entropy (nats) of the untempered softmax (T = 1) over the full row.
+
+    ``H(z) = logsumexp(z) - sum(softmax(z) * z)``, computed as
+    ``log S - sum(e * d) / S`` with ``d = z - max(z)``, ``e = exp(d)``, ``S = sum(e)``,
+    which is shift invariant and never negative; sums are accumulated in float64.
+    Tokens with logit -inf have probability 0 and contribute nothing.
+    Returns a float64 array ``(k,)`` for ``(k, V)`` input, a float64 scalar for ``(V,)``.
+    """
+    z, squeeze = _rows(logits)
+    d = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(d)
+    s = e.sum(axis=-1, dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # 0 * -inf for masked logits, fixed below
+        np.multiply(e, d, out=d)  # d is now e * d
+    t = d.sum(axis=-1, dtype=np.float64)
+    bad = np.isnan(t)
+    if bad.any():  # 0 * (-inf) from masked (-inf) logits: recompute those rows safely
+        for i in np.flatnonzero(bad):
+            zi = z[i] - z[i].max()
+            ei = np.exp(zi)
+            t[i] = np.multiply(ei, zi, out=np.zeros_like(ei), where=ei > 0).sum(dtype=np.float64)
+    h = np.log(s) - t / s
+    return h[0] if squeeze else h
+
+
+def _top_n_sets(z: np.ndarray, n: int) -> np.ndarray:
+    """Indices (k, n) of the n largest entries per row (argpartition's set on ties)."""
+    V = z.shape[-1]
+    return z.argpartition(V - n, axis=-1)[:, V - n:]
+
+
+def top_n_overlap(z_draft, z_target, n: int):
+    """``|TopN(z_d) ∩ TopN(z_t)| / n`` per row.
+
+    TopN is the set ``np.argpartition`` returns for the n largest logits; with ties at
+    the n-th value which of the tied tokens belong to the set is argpartition's choice
+    (deterministic for a given array, but unspecified). ``n`` larger than V is clamped
+    to V (every token is then in both sets, overlap 1). Returns ``(k,)`` float64 or a
+    scalar for 1-D input.
+    """
+    zd, squeeze = _rows(z_draft)
+    zt, _ = _rows(z_target)
+    if zd.shape != zt.shape:
+        raise ValueError(f"draft and target logits differ in shape: {zd.shape} vs {zt.shape}")
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    n = min(n, zd.shape[-1])
+    a = _top_n_sets(zd, n)
+    b = _top_n_sets(zt, n)
+    common = (a[:, :, None] == b[:, None, :]).any(axis=-1).sum(axis=-1)
+    ov = common / float(n)
+    return ov[0] if squeeze else ov
+
+
+def conditions(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):
+    """The gate's three conditions, ``(H_d >= tau_draft, H_t >= tau_target, O >= tau_overlap)``,
+    on numbers (bools) or numpy arrays (elementwise); the one place they are written."""
+    return h_draft >= tau_draft, h_target >= tau_target, overlap >= tau_overlap
+
+
+def opens(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):
+    """The gate's predicate: all three ``conditions`` hold.
+
+    Elementwise on arrays (a numpy bool array; ``np.bool_`` for scalars). An infinite
+    threshold never fires (no finite entropy or overlap reaches +inf); NaN never fires.
+    """
+    d_ok, t_ok, o_ok = conditions(np.asarray(h_draft), np.asarray(h_target), np.asarray(overlap), tau_draft,
+                                  tau_target, tau_overlap)
+    return d_ok & t_ok & o_ok
+
+
+def can_fire(tau_draft: float, tau_target: float, tau_overlap: float) -> bool:
+    """Whether thresholds like these can ever open the gate (finite entropy thresholds, an
+    overlap threshold of at most 1)."""
+    return math.isfinite(tau_draft) and math.isfinite(tau_target) and tau_overlap <= 1.0
+
+
+class Reading(NamedTuple):
+    """The gate at one position: the figures it computed (NaN where it did not need them)
+    and whether it opened."""
+
+    h_draft: float = math.nan
+    h_target: float = math.nan
+    overlap: float = math.nan
+    open: bool = False
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The gate of one generation: its thresholds and whether it is used at all (``on``: the
+    mode is gated)."""
+
+    tau_draft: float
+    tau_target: float
+    tau_overlap: float
+    top_n: int
+    on: bool = True
+
+    @classmethod
+    def of(cls, cfg, on: bool | None = None) -> "Gate":
+        """The gate of ``cfg`` (a ``DecodeConfig``); ``on`` defaults to whether its mode is gated."""
+        if on is None:
+            mode = MODE_TABLE.get(cfg.mode)
+            on = mode is not None and mode.gated
+        return cls(cfg.tau_draft, cfg.tau_target, cfg.overlap, cfg.top_n, on)
+
+    @cached_property  # asked at every position of a step
+    def can_fire(self) -> bool:
+        return self.on and can_fire(self.tau_draft, self.tau_target, self.tau_overlap)
+
+    def opens(self, h_draft, h_target, overlap):
+        """This gate's predicate on given figures (arrays elementwise)."""
+        return opens(h_draft, h_target, overlap, self.tau_draft, self.tau_target, self.tau_overlap)
+
+    def screen(self, z_target_row) -> float:
+        """H_t at a position, the cheap first filter (one row); NaN when the gate cannot fire."""
+        return float(entropy(z_target_row)) if self.can_fire else math.nan
+
+    def wants_draft(self, h_target: float) -> bool:
+        """Whether the draft's logits are needed to decide at a position with this H_t."""
+        return self.can_fire and h_target >= self.tau_target
+
+    def read(self, z_draft_row, z_target_row, h_target: float | None = None) -> Reading:
+        """Every figure at a position and whether the gate opens there (``h_target``: H_t
+        when already computed)."""
+        h_t = float(entropy(z_target_row)) if h_target is None else h_target
+        h_d = float(entropy(z_draft_row))
+        ov = float(top_n_overlap(z_draft_row, z_target_row, self.top_n))
+        d_ok, t_ok, o_ok = conditions(h_d, h_t, ov, self.tau_draft, self.tau_target, self.tau_overlap)
+        return Reading(h_d, h_t, ov, d_ok and t_ok and o_ok)
+
+    def read_lazily(self, z_draft_row, z_target_row) -> Reading:
+        """The reading with only what the decision needs: nothing when the gate cannot fire,
+        H_t alone where it is below its threshold, everything else where it passes."""
+        h_t = self.screen(z_target_row)
+        if not self.wants_draft(h_t):
+            return Reading(math.nan, h_t)
+        return self.read(z_draft_row, z_target_row, h_t)

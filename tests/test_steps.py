@@ -1,0 +1,177 @@
+"""The per-mode steps' parts on the tiny pair: the accept-length histogram, a drafter that is
+not a model, and the one gate value."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from easd_local.engine import decoding, rules
+from easd_local.engine.config import DecodeConfig
+from easd_local.engine.decoding import BONUS, Stats, TokenEvent
+from easd_local.engine.gate import Gate, Reading
+from easd_local.engine.pair import load_pair
+from easd_local.engine.runtime import LoadOptions, Part
+from easd_local.engine.scheduler import Request, Scheduler
+from easd_local.engine.steps import SpecStep
+
+GATE = dict(tau_draft=0.5, tau_target=0.5, overlap=0.2)
+TEXT = "Once upon a time there"
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_draft, tiny_target):
+    p = load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=512, n_threads=1))
+    yield p
+    p.close()
+
+
+def run(pair, **kw):
+    pair.target.reset()
+    pair.draft.reset()
+    prompt = pair.target.vocab.tokenize(TEXT)
+    return decoding.generate_all(pair.target, pair.draft, prompt, DecodeConfig(max_tokens=40, **kw),
+                                 n_vocab=pair.n_vocab)
+
+
+@pytest.mark.parametrize("mode, temperature", [("sd", 0.0), ("easd", 0.0), ("sd", 0.8), ("easd", 0.8)])
+def test_accept_length_histogram(pair, mode, temperature):
+    fin, events = run(pair, mode=mode, temperature=temperature, seed=3, **GATE)
+    s = fin.stats
+    h = s.accept_lengths
+    assert sum(h) == s.verify_calls == s.target_calls > 0
+    assert sum(k * n for k, n in enumerate(h)) == s.draft_accepted
+    assert len(h) <= s.gamma + 1 and h[-1] > 0
+    assert len(h) > 1, "some verify call emitted a drafted token"
+    # pooled by addition, and through a bench row's dict
+    twice = s + s
+    assert twice.accept_lengths == [2 * n for n in h]
+    assert (s + Stats()).accept_lengths == h
+    assert Stats.from_dict(s.to_dict()).accept_lengths == h
+
+
+def test_no_histogram_without_verify_calls(pair):
+    for mode in ("target", "draft", "easd-tf"):
+        fin, _ = run(pair, mode=mode, **GATE)
+        assert fin.stats.accept_lengths == [] and fin.stats.verify_calls == 0
+
+
+class NoDrafter:
+    """A drafter that proposes nothing and touches no model."""
+
+    def draft(self, s, n_max):
+        return [], []
+        yield  # a generator that asks for nothing
+
+    def consult(self, s):  # pragma: no cover - sd never consults
+        raise AssertionError
+
+    def rewind(self, s, start):
+        pass
+
+
+class LookupDrafter:
+    """A drafter without a model: it proposes the continuation of a known text (as an n-gram
+    or prompt-lookup drafter would) wherever the sequence so far is a prefix of it."""
+
+    def __init__(self, text: list[int]) -> None:
+        self.text = text
+        self.asked = 0
+
+    def draft(self, s, n_max):
+        self.asked += 1
+        n = len(s.seq)
+        ahead = self.text[n:n + n_max] if s.seq == self.text[:n] else []
+        V = s.V
+        rows = [np.where(np.arange(V) == t, 10.0, 0.0).astype(np.float32) for t in ahead]  # certain: p = 1
+        return list(ahead), rows
+        yield
+
+    def consult(self, s):  # pragma: no cover
+        raise AssertionError
+
+    def rewind(self, s, start):
+        pass
+
+
+def _sd_with(pair, drafter, prompt, cfg):
+    pair.target.reset()
+    pair.draft.reset()
+    sched = Scheduler(pair, 1)
+    sched._steps["sd"] = SpecStep(pair.target, pair.draft, drafter=drafter)
+    sched.submit(Request(prompt, cfg))
+    events, fin = [], None
+    while sched.active:
+        for _, ev in sched.step():
+            if isinstance(ev, TokenEvent):
+                events.append(ev)
+            else:
+                fin = ev
+    return fin, events
+
+
+def test_a_drafter_is_an_object_the_step_does_not_know(pair):
+    """Another drafter plugs into the sd step unchanged: one that proposes nothing turns sd
+    into the target alone (every verify block is the one last token: the same decode as
+    target mode's), one that looks tokens up verifies them without a draft call."""
+    prompt = pair.target.vocab.tokenize(TEXT)
+    cfg = DecodeConfig(mode="sd", max_tokens=40)
+    ref, _ = run(pair, mode="target")
+    fin, events = _sd_with(pair, NoDrafter(), prompt, cfg)
+    assert fin.tokens == ref.tokens
+    assert {e.origin for e in events} == {BONUS} and fin.stats.drafted == fin.stats.draft_calls == 0
+    assert fin.stats.accept_lengths == [40]
+    lookup = LookupDrafter(list(prompt) + ref.tokens)
+    fin, events = _sd_with(pair, lookup, prompt, cfg)
+    assert fin.stats.draft_calls == 0 and lookup.asked == fin.stats.verify_calls
+    assert fin.stats.drafted > 0 and fin.stats.draft_accepted > 0.5 * fin.stats.drafted
+    assert fin.stats.verify_calls < 40  # several tokens per target call
+
+
+def test_gate_value_decides_as_the_config_says():
+    rng = np.random.default_rng(0)
+    for mode in ("target", "draft", "sd", "easd", "easd-tf"):
+        for taus in (GATE, dict(tau_draft=math.inf), dict(overlap=1.5), {}):
+            cfg = DecodeConfig(mode=mode, **taus)
+            g = Gate.of(cfg)
+            assert g.can_fire == cfg.gate_enabled == (mode in ("easd", "easd-tf") and taus in (GATE, {}))
+            z = rng.normal(size=32).astype(np.float32)
+            assert math.isnan(g.screen(z)) != g.can_fire
+    g = Gate.of(DecodeConfig(mode="easd", **GATE))
+    for _ in range(50):
+        zd, zt = rng.normal(0, 2, (2, 64)).astype(np.float32)
+        full = g.read(zd, zt)
+        assert full == Reading(float(rules.entropy(zd)), float(rules.entropy(zt)),
+                               float(rules.top_n_overlap(zd, zt, g.top_n)), full.open)
+        assert full.open == bool(rules.gate(full.h_draft, full.h_target, full.overlap, 0.5, 0.5, 0.2))
+        lazy = g.read_lazily(zd, zt)
+        assert lazy.open == full.open and lazy.h_target == full.h_target
+        assert (lazy == full) == (full.h_target >= 0.5)  # below tau_target only H_t is computed
+        assert math.isnan(lazy.h_draft) == (full.h_target < 0.5)
+
+
+def test_step_asks_then_emits(pair):
+    """A step is a generator: it asks (model, part) and emits only once sent the logits."""
+    from easd_local.engine.sequence import Seq
+    from easd_local.engine.steps import TargetFirstStep
+
+    prompt = pair.target.vocab.tokenize(TEXT)
+    pair.target.reset()
+    pair.draft.reset()
+    pair.target.decode(prompt[:-1], logits_at=())
+    cfg = DecodeConfig(mode="easd-tf", **GATE)
+    s = Seq(0, 0, Request(prompt, cfg), pair.target, pair.n_vocab, pair.target.n_ctx)
+    step = TargetFirstStep(pair.target, pair.draft)(s)
+    model, part = next(step)
+    assert model is pair.target and part == Part(0, [prompt[-1]])
+    flat = np.zeros((1, pair.n_vocab), np.float32)  # H_t = log V: the gate wants the draft
+    model, part = step.send(flat)
+    assert model is pair.draft and list(part.tokens) == prompt  # the catch-up: the whole prompt
+    assert s.events == []
+    with pytest.raises(StopIteration):
+        step.send(pair.draft.decode(list(part.tokens))[:, : pair.n_vocab])
+    (ev,) = s.events
+    assert ev.origin in ("target", "easd") and ev.h_target == pytest.approx(math.log(pair.n_vocab))
+    assert (s.stats.target_calls, s.stats.draft_consults, s.stats.draft_calls, s.stats.tokens) == (1, 1, 1, 1)
