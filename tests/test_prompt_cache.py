@@ -192,3 +192,18 @@ def test_opting_out_and_other_scopes_reuse_nothing(pair):
     # another scope: the cells are cleared, not reused (not even as a faster first token)
     assert run_one(sched, Request(p, cfg, cache_scope="key-b"))[0].stats.prompt_cached == 0
     assert run_one(sched, Request(p, cfg, cache_scope="key-b"))[0].stats.prompt_cached == len(p) - 1
+
+
+def test_chat_turns_reuse_through_the_same_mechanism(tiny_draft, tiny_target, tmp_path):
+    """`chat` and `serve` share one prompt cache: a chat turn goes through the scheduler's
+    prefill (one slot) and reports what it reused in the same ``Stats.prompt_cached``."""
+    from test_chat import _drain, _session
+
+    pair, s = _session(tiny_draft, tiny_target, tmp_path, mode="sd", max_tokens=8, temperature=0.0)
+    with pair:
+        _, r1 = _drain(s.send("Please tell me about the weather in the mountains in the early spring."))
+        assert r1.stats.prompt_cached == 0
+        _, r2 = _drain(s.send("And in summer?"))
+        assert r2.stats.prompt_cached >= r1.stats.prompt_tokens
+        assert r2.stats.prompt_cached < r2.stats.prompt_tokens
+        s.close()

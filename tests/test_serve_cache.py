@@ -220,3 +220,22 @@ def test_short_soak(tiny_draft, tiny_target, tmp_path):
     assert got.get("4xx:400:context_length_exceeded", 0) >= 1 and got.get("4xx:404", 0) >= 1
     assert rep["prompt_cached_tokens"] > 0 and rep["rss_end"] > 0
     assert "slots busy at the end: 0 of 2" in r.stdout
+
+
+def test_bench_serve_multi_turn_mode(tiny_draft, tiny_target, tmp_path):
+    """scripts/bench_serve.py --multi-turn on the tiny pair (easd-local only): every turn
+    after the first reuses the previous turn's prompt; the --no-cache-prompt baseline none."""
+    out = tmp_path / "mt.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_serve.py"), "--multi-turn", "3", "--parallel", "2",
+           "--modes", "sd", "--max-tokens", "6", "--threads", "1", "--ctx", str(CTX), "--draft", str(tiny_draft),
+           "--target", str(tiny_target), "--no-llama-server", "--cache-off-baseline", "--json", str(out),
+           "--log-dir", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "EASD_LOCAL_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    on, off = json.loads(out.read_text())
+    assert on["system"] == "easd-local" and off["system"] == "easd-local cache off"
+    for prev, turn in zip(on["turns"], on["turns"][1:]):
+        assert turn["cache_n"] >= prev["prompt_tokens"] and turn["cache_n"] + turn["prompt_n"] == turn["prompt_tokens"]
+    assert all(t["cache_n"] == 0 for t in off["turns"])
+    assert len(on["unrelated"]) == 3 and "last/first" in r.stdout
