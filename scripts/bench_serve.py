@@ -20,22 +20,37 @@ llama.cpp that llama-cpp-python vendors (scripts/bench_speed.py's build, with th
 added; once, ~15 min on 2 cores), the same pair, the same slots (``-np P -c P*ctx -kvu``),
 greedy, the same client load: without ``-md`` against our ``target``, with ``-md`` (draft-simple,
 ``--spec-draft-n-max gamma``, ``--spec-draft-n-min 0``, ``--draft-p-min 0``: our sd's drafting)
-against our ``sd``. llama-server's prompt cache is off (``--cache-ram 0``, ``cache_prompt``
-false in each request): every round sends the same questions, which it would otherwise serve
-from its cache (a first run did: 0.2 s to first token against our 1.9 s), while easd-local
-evaluates every prompt. A closing table prints ours / llama-server for every (parallel, mode,
+against our ``sd``. Both prompt caches are off (llama-server: ``--cache-ram 0``; both:
+``cache_prompt`` false in each request): every round sends the same questions, which either
+server would otherwise serve from its cache (a first run, before easd-local had one, did: 0.2 s
+to first token against our 1.9 s). A closing table prints ours / llama-server for every (parallel, mode,
 K). ``--no-llama-server`` skips that half, ``--no-ours`` the other; ``--no-build`` skips
 llama-server when it is not built.
+
+**Multi-turn mode** (``--multi-turn N``): the prompt cache across requests, with the cache on
+for both servers (llama-server with its defaults: ``--cache-ram`` 8 GiB, ``cache_prompt``
+true). For each ``--parallel`` value and mode, each server gets a conversation of N turns
+over the official ``openai`` client (streamed, greedy; turn k adds the k-th GSM8K test
+question to the history, which keeps the assistant's earlier replies), interleaved with
+unrelated single-question requests from a second client: one after each turn
+(``--interleave between``), or sent back to back by a second thread while the conversation
+runs (``--interleave concurrent``). Printed per turn and server: time to first token (as the
+client sees it), ``cache_n`` / ``prompt_n`` from ``timings``, and each server's last / first
+turn TTFT ratio and aggregate tokens/s (every completion token of both clients / wall time).
+``--cache-off-baseline`` adds a third run: easd-local with ``--no-cache-prompt``.
 
 Usage::
 
     nice python scripts/bench_serve.py --parallel 1,4 --modes target,sd,easd-tf \\
         --clients 1,2,4,8 --requests 8 --max-tokens 64 [--threads 2] [--json out.json]
+    nice python scripts/bench_serve.py --multi-turn 8 --parallel 2 --modes sd --max-tokens 64 --threads 2 \\
+        [--cache-off-baseline] [--interleave concurrent]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -106,6 +121,11 @@ def ours(model_args: list[str], parallel: int, extra: list[str], log_path: Path)
                          "--queue", "1000", *model_args, *extra], log_path)
 
 
+def questions(first: int, n: int) -> list[str]:
+    rows = (ROOT / "easd_local" / "data" / "gsm8k" / "test.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(r)["question"] for r in rows[first : first + n]]
+
+
 def free_port() -> int:
     import socket
 
@@ -114,10 +134,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def llama_server(exe: Path, draft: Path, target: Path, parallel: int, with_draft: bool, a, log_path: Path) -> Server:
+def llama_server(exe: Path, draft: Path, target: Path, parallel: int, with_draft: bool, a, log_path: Path,
+                 cache: bool = False) -> Server:
     port = free_port()
     cmd = [str(exe), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel),
-           "-c", str(a.ctx * parallel), "-kvu", "--no-webui", "-fa", "off", "-ngl", "0", "--cache-ram", "0"]
+           "-c", str(a.ctx * parallel), "-kvu", "--no-webui", "-fa", "off", "-ngl", "0"]
+    if not cache:
+        cmd += ["--cache-ram", "0"]
     if a.threads:
         cmd += ["-t", str(a.threads), "-tb", str(a.threads)]
     if with_draft:
@@ -130,7 +153,7 @@ def llama_server(exe: Path, draft: Path, target: Path, parallel: int, with_draft
 
 def one_request(base: str, prompt: str, mode: str, max_tokens: int) -> dict:
     # cache_prompt off: every (mode, K) round sends the same questions, and llama-server would
-    # otherwise serve their prompts from its cache (easd-local ignores the field)
+    # otherwise serve their prompts from its cache (easd-local honours the field too)
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
             "mode": mode, "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
@@ -225,6 +248,125 @@ def measure(base: str, system: str, par: int, mode: str, a) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------- multi-turn mode
+def stream_chat(client, model: str, messages: list[dict], mode: str, max_tokens: int, cache_off: bool) -> dict:
+    """One streamed greedy chat request over the openai client: its text, TTFT, usage, timings."""
+    extra = {"mode": mode} | ({"cache_prompt": False} if cache_off else {})
+    t0 = time.perf_counter()
+    t_first = None
+    text, usage, timings = [], None, None
+    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}, extra_body=extra)
+    for ch in stream:
+        for c in ch.choices:
+            if c.delta.content:
+                t_first = t_first or time.perf_counter()
+                text.append(c.delta.content)
+        usage = ch.usage or usage
+        timings = (ch.model_extra or {}).get("timings") or timings
+    t_end = time.perf_counter()
+    return {"t0": t0, "t_end": t_end, "ttft": (t_first or t_end) - t0, "text": "".join(text),
+            "tokens": usage.completion_tokens if usage else 0, "prompt_tokens": usage.prompt_tokens if usage else None,
+            "cache_n": (timings or {}).get("cache_n"), "prompt_n": (timings or {}).get("prompt_n")}
+
+
+def conversation(base: str, system: str, par: int, mode: str, a, cache_off: bool = False) -> dict:
+    """The multi-turn run on one server: per-turn figures and the aggregate."""
+    import openai
+
+    conv = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=3600)
+    other = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=3600)
+    model = conv.models.list().data[0].id
+    stream_chat(conv, model, [{"role": "user", "content": "warm up"}], mode, 4, cache_off)
+    turns_q = questions(0, a.multi_turn)
+    unrelated_q = questions(100, 4 * a.multi_turn)
+    history: list[dict] = []
+    turns, unrelated = [], []
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def second_client() -> None:  # --interleave concurrent: back to back until the conversation ends
+        for q in unrelated_q:
+            if done.is_set():
+                return
+            try:
+                unrelated.append(stream_chat(other, model, [{"role": "user", "content": q}], mode, a.max_tokens,
+                                             cache_off))
+            except BaseException as e:  # noqa: BLE001 - reported after the run
+                errors.append(e)
+                return
+
+    th = threading.Thread(target=second_client) if a.interleave == "concurrent" else None
+    if th is not None:
+        th.start()
+    try:
+        for k, q in enumerate(turns_q):
+            history.append({"role": "user", "content": q})
+            r = stream_chat(conv, model, history, mode, a.max_tokens, cache_off)
+            history.append({"role": "assistant", "content": r["text"]})
+            turns.append(r)
+            log(f"  {system} turn {k + 1}: TTFT {r['ttft']:.2f} s, cache_n {r['cache_n']}, prompt_n {r['prompt_n']}")
+            if th is None:
+                unrelated.append(stream_chat(other, model, [{"role": "user", "content": unrelated_q[k]}], mode,
+                                             a.max_tokens, cache_off))
+    finally:
+        done.set()
+        if th is not None:
+            th.join(3600)
+    if errors:
+        raise SystemExit(f"the second client failed: {errors[0]}")
+    runs = turns + unrelated
+    wall = max(r["t_end"] for r in runs) - min(r["t0"] for r in runs)
+    return {"system": system, "parallel": par, "mode": mode, "interleave": a.interleave, "turns": turns,
+            "unrelated": unrelated, "wall_s": wall, "aggregate_tok_s": sum(r["tokens"] for r in runs) / wall,
+            "last_over_first": turns[-1]["ttft"] / turns[0]["ttft"], "load": os.getloadavg()}
+
+
+def multi_turn_table(rows: list[dict]) -> None:
+    by = collections.defaultdict(list)
+    for r in rows:
+        by[(r["parallel"], r["mode"])].append(r)
+    for (par, mode), runs in by.items():
+        print(f"\n--parallel {par}, mode {mode}, {runs[0]['interleave']}: time to first token per turn (s), "
+              "cache_n / prompt_n")
+        head = f"{'turn':>4} " + " ".join(f"{r['system']:>26}" for r in runs)
+        print(head)
+        for k in range(len(runs[0]["turns"])):
+            cells = []
+            for r in runs:
+                t = r["turns"][k]
+                cells.append(f"{t['ttft']:>8.2f}  {str(t['cache_n']):>7} / {str(t['prompt_n']):<7}")
+            print(f"{k + 1:>4} " + " ".join(f"{c:>26}" for c in cells))
+        print(f"{'last/first':>10} " + " ".join(f"{r['last_over_first']:>20.2f}" for r in runs))
+        print(f"{'agg tok/s':>10} " + " ".join(f"{r['aggregate_tok_s']:>20.2f}" for r in runs))
+        print(f"{'load':>10} " + " ".join(f"{r['load'][0]:>20.1f}" for r in runs))
+
+
+def run_multi_turn(a, model_args: list[str], extra: list[str], exe, draft, target) -> list[dict]:
+    rows = []
+    for par in [int(x) for x in a.parallel.split(",")]:
+        for mode in a.modes.split(","):
+            systems = [] if a.no_ours else [("easd-local", False)]
+            if a.cache_off_baseline and not a.no_ours:
+                systems.append(("easd-local cache off", True))
+            for name, off in systems:
+                flags = extra + (["--no-cache-prompt"] if off else [])
+                server = ours(model_args, par, flags, a.log_dir / f"bench_serve_mt_p{par}_{mode}.log")
+                try:
+                    rows.append(conversation(server.base, name, par, mode, a, cache_off=off))
+                finally:
+                    server.stop()
+            if exe is not None and mode in ("target", "sd"):
+                ls = llama_server(exe, draft, target, par, mode == "sd", a,
+                                  a.log_dir / f"llama_server_mt_p{par}_{mode}.log", cache=True)
+                try:
+                    rows.append(conversation(ls.base, "llama-server", par, mode, a))
+                finally:
+                    ls.stop()
+    multi_turn_table(rows)
+    return rows
+
+
 def ratio_table(rows: list[dict]) -> None:
     def key(r):
         return (r["parallel"], r["mode"], r["clients"])
@@ -259,13 +401,20 @@ def main() -> None:
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp"))
     ap.add_argument("--no-llama-server", action="store_true", help="run only easd-local serve")
     ap.add_argument("--no-ours", action="store_true", help="run only llama-server (to redo its half)")
+    ap.add_argument("--multi-turn", type=int, default=0, metavar="N",
+                    help="the multi-turn mode: a conversation of N turns per server, prompt cache on for both")
+    ap.add_argument("--interleave", choices=("between", "concurrent"), default="between",
+                    help="multi-turn: the second client's unrelated requests come one after each turn, or "
+                         "back to back from another thread")
+    ap.add_argument("--cache-off-baseline", action="store_true",
+                    help="multi-turn: also run easd-local with --no-cache-prompt")
     bench_speed.add_build_options(ap, "skip llama-server if it is not built")
     a = ap.parse_args()
     # a SIGTERM (timeout, kill) ends through the finally blocks, so the server process is stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model_args = (["--draft", a.draft, "--target", a.target] if a.draft else (["--pair", a.pair] if a.pair else []))
     extra = ["--ctx", str(a.ctx), "--gamma", str(a.gamma)] + (["--threads", str(a.threads)] if a.threads else [])
-    exe = None
+    exe = draft = target = None
     if not a.no_llama_server:
         draft, target = (Path(a.draft), Path(a.target)) if a.draft else bench_speed.default_pair()
         if a.pair not in (None, "default") or target is None:
@@ -275,6 +424,12 @@ def main() -> None:
             exe = tools["llama-server"] if tools else None
     rows = []
     log(f"load: {os.getloadavg()}")
+    if a.multi_turn:
+        rows = run_multi_turn(a, model_args, extra, exe, draft, target)
+        log(f"load: {os.getloadavg()}")
+        if a.json:
+            a.json.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
+        return
     print(f"{'system':>12} {'parallel':>8} {'mode':>8} {'K':>3} {'reqs':>4} {'agg tok/s':>10} {'TTFT p50':>9} "
           f"{'TTFT p95':>9} {'req tok/s p50':>13} {'load':>5}")
     for par in [int(x) for x in a.parallel.split(",")]:

@@ -58,6 +58,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level (info shows each request).")] = "info",
         webui: Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (tokens coloured "
                                                                       "by origin).")] = True,
+        cache_prompt: Annotated[bool, typer.Option("--cache-prompt/--no-cache-prompt",
+                                help="Reuse a slot's cached prompt prefix (KV cells) for the next request that "
+                                     "starts with it; a request may opt out with \"cache_prompt\": false.")] = True,
+        slot_similarity: Annotated[float, typer.Option("--slot-prompt-similarity", help="Send a request to the idle "
+                                   "slot sharing the longest prefix with it when that prefix is more than this share "
+                                   "of the prompt (0: always the least recently used slot).")] = 0.1,
         **kw,
     ) -> None:
         """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
@@ -81,6 +87,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             raise ConfigError(f"--port must be in 0..65535, got {port}")
         if max_body < 1024:
             raise ConfigError(f"--max-body must be >= 1024 bytes, got {max_body}")
+        if not 0.0 <= slot_similarity <= 1.0:
+            raise ConfigError(f"--slot-prompt-similarity must be between 0 and 1, got {slot_similarity}")
         if api_key is not None and not api_key.strip():
             raise ConfigError("--api-key (or EASD_LOCAL_API_KEY) is empty")
         log_level = log_level.lower()
@@ -88,11 +96,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             raise ConfigError(f"--log-level must be critical, error, warning, info or debug, got {log_level!r}")
         spec, cfg, source, why = o.pair_and_config(kw, flags, DecodeConfig())
         sock = listen_socket(host, port)
-        _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host, webui)
+        _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host, webui,
+             cache_prompt=cache_prompt, slot_similarity=slot_similarity)
 
 
 def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host,
-         webui) -> None:
+         webui=True, cache_prompt=True, slot_similarity=0.1) -> None:
     import uvicorn
 
     from ..server.app import ServeConfig, create_app
@@ -111,7 +120,8 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
         return provenance.collect(spec.draft, spec.target, topts, dopts, parallel=parallel).to_dict()
 
     engine = Engine(lambda: open_models(spec.draft, spec.target, topts, dopts), parallel, queue,
-                    on_load_failed=on_load_failed, on_loaded=on_loaded)
+                    on_load_failed=on_load_failed, on_loaded=on_loaded, cache_prompt=cache_prompt,
+                    slot_similarity=slot_similarity)
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
                                          api_key=api_key, max_body=max_body, webui=webui))
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
@@ -120,7 +130,7 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     err_console.print(f"easd-local serve · {spec.label} · mode {cfg.mode}{f' (auto: {why})' if why else ''} · "
-                      f"--parallel {parallel} · thresholds: {source}")
+                      f"--parallel {parallel} · prompt cache {'on' if cache_prompt else 'off'} · thresholds: {source}")
     if cfg.gate_enabled:
         err_console.print("note: EASD is not lossless: its gate lets the target re-pick tokens SD would keep")
     if not is_loopback(host) and api_key is None:

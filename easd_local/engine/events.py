@@ -52,6 +52,9 @@ class Stats:
 
     mode: str = ""
     prompt_tokens: int = 0
+    # prompt tokens whose KV cells a slot's cache already held (reused, not evaluated) on the
+    # model whose tokens are emitted; prompt_tokens - prompt_cached were evaluated
+    prompt_cached: int = 0
     tokens: int = 0
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens the SD test accepted (including ones the gate then rejected)

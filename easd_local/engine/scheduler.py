@@ -51,6 +51,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .prompt_cache import DEFAULT_SIMILARITY, SlotView, pick_slot
 from .config import DecodeConfig
 from .events import Finished, TokenEvent, fits_context
 from ..errors import ConfigError, ContextOverflowError, EasdError, RuntimeFailure
@@ -68,8 +69,21 @@ class Request:
     stop_tokens: Sequence[int] = ()
     rng_seed: int | None = None  # this sequence's generator seed; None -> cfg.seed
     # False: start from empty caches (bench: every generation pays for its own prompt);
-    # True: reuse the slot's cache by longest common prefix (chat turns)
+    # True: reuse the slot's cache by longest common prefix (chat turns, served conversations)
     reuse_cache: bool = True
+    # a slot's cells are reused only by a request of the scope that wrote them (see prompt_cache)
+    cache_scope: str = ""
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """What a newcomer's prompt cost: ``cached`` tokens reused from its slot's cells and
+    ``evaluated`` ones (the last prompt token included, which its first step evaluates), on
+    the model whose tokens it emits."""
+
+    rid: int
+    cached: int
+    evaluated: int
 
 
 @dataclass(frozen=True)
@@ -95,9 +109,11 @@ class Scheduler:
     ``active`` is 0; each step returns ``(request id, event)`` pairs: a sequence's
     TokenEvents in order, then one ``decoding.Finished`` (or :class:`Failed`), after which
     its slot is free. A finished sequence's KV cells stay (a later request in that slot
-    reuses them by longest common prefix); ``cancel`` clears them."""
+    reuses them by longest common prefix; ``submit`` picks the slot by
+    ``prompt_cache.pick_slot`` with ``slot_similarity``); ``cancel`` clears them unless told
+    to keep them, a failure clears them."""
 
-    def __init__(self, pair: Pair, n_parallel: int) -> None:
+    def __init__(self, pair: Pair, n_parallel: int, slot_similarity: float = DEFAULT_SIMILARITY) -> None:
         if n_parallel < 1:
             raise ConfigError(f"--parallel must be >= 1, got {n_parallel}")
         for m in (pair.target, pair.draft):
@@ -112,6 +128,11 @@ class Scheduler:
         V = pair.n_vocab or min(m.n_vocab for m in (pair.target, pair.draft) if m is not None)
         self.V = V
         self._slots: list[_Seq | None] = [None] * n_parallel
+        self.slot_similarity = slot_similarity
+        self._last_used = [-1] * n_parallel  # admission tick of each slot's last request (LRU)
+        self._scope = [""] * n_parallel  # the cache scope of the request that last wrote the slot
+        self._tick = 0
+        self._prefills: list[Prefill] = []
         self._new: list[_Seq] = []
         self._next_rid = 0
         self._steps = {mode: cls(pair.target, pair.draft) for mode, cls in STEPS.items()}
@@ -143,10 +164,11 @@ class Scheduler:
             raise ContextOverflowError(
                 f"prompt is {len(req.prompt)} tokens but the context holds {n_ctx}; shorten it or raise --ctx"
             )
-        try:
-            slot = self._slots.index(None)
-        except ValueError:
-            raise RuntimeError(f"no free slot (all {self.n_parallel} are busy)") from None
+        if None not in self._slots:
+            raise RuntimeError(f"no free slot (all {self.n_parallel} are busy)")
+        slot = self._pick_slot(req, main)
+        self._last_used[slot] = self._tick
+        self._tick += 1
         rid = self._next_rid
         self._next_rid += 1
         s = _Seq(rid, slot, req, main, self.V, n_ctx)
@@ -154,13 +176,27 @@ class Scheduler:
         self._new.append(s)
         return rid
 
-    def cancel(self, rid: int) -> None:
+    def _pick_slot(self, req: Request, main: Model) -> int:
+        prompt = req.prompt
+        idle = [SlotView(i, main.seq_len(i), main.common_prefix(prompt, seq=i), self._last_used[i],
+                         self._scope[i] == req.cache_scope)
+                for i, s in enumerate(self._slots) if s is None]
+        return pick_slot(idle, len(prompt), self.slot_similarity, req.reuse_cache)
+
+    def cancel(self, rid: int, keep_cache: bool = False) -> None:
         """Stop request ``rid`` now: its slot is free and its KV cells are cleared (no other
-        sequence's). Unknown or finished ids are ignored."""
+        sequence's), or with ``keep_cache`` kept for the next request on the slot to reuse
+        (between steps they hold what the sequence evaluated, nothing half-written).
+        Unknown or finished ids are ignored."""
         for s in self._slots:
             if s is not None and s.rid == rid:
-                self._release(s, clear=True)
+                self._release(s, clear=not keep_cache)
                 return
+
+    def take_prefills(self) -> list[Prefill]:
+        """The prompts prefilled since the last call (what each reused and evaluated)."""
+        out, self._prefills = self._prefills, []
+        return out
 
     def stop(self, rid: int, reason: str = "interrupted") -> Finished | None:
         """End request ``rid`` now and return what it generated, with its statistics so far
@@ -275,10 +311,13 @@ class Scheduler:
         for s in new:
             prompt = s.req.prompt
             info = s.cfg.mode_info
-            if not s.req.reuse_cache:
+            if not s.req.reuse_cache or self._scope[s.slot] != s.req.cache_scope:
                 for m in (self.target, self.draft):
                     if m is not None:
                         m.reset_seq(s.slot)
+            self._scope[s.slot] = s.req.cache_scope
+            main = self.target if info.needs_target else self.draft
+            cached = 0
             # easd-tf too: its first consult would otherwise evaluate the whole prompt on
             # the draft inside generation; as in sd/easd that is prompt work (counted in
             # seconds_prompt and time to first token, not in tokens_per_s)
@@ -288,6 +327,8 @@ class Scheduler:
                     continue
                 keep = m.common_prefix(prompt[:-1], seq=s.slot)
                 m.rollback(keep, s.slot)
+                if m is main:
+                    cached = keep
                 if len(prompt) - 1 > keep:
                     try:
                         self._decode(m, [Part(s.slot, list(prompt[keep:-1]), ())])
@@ -298,3 +339,6 @@ class Scheduler:
                 self.draft.rollback(self.draft.common_prefix(prompt[:-1], seq=s.slot), s.slot)
             s.stats.seconds_prompt = time.perf_counter() - s.t_start
             s.stats.seconds_prompt_draft, s.stats.seconds_prompt_target = s.sec_draft, s.sec_target
+            s.stats.prompt_cached = cached
+            if self._slots[s.slot] is s:
+                self._prefills.append(Prefill(s.rid, cached, len(prompt) - cached))

@@ -312,7 +312,8 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
                     pass
 
             try:
-                job = engine.submit(Request(prompt=prompt, cfg=cfg, thresholds_source=source), deliver)
+                job = engine.submit(Request(prompt=prompt, cfg=cfg, thresholds_source=source,
+                                            reuse_cache=req.cache_prompt), deliver)
             except QueueFull:
                 raise ApiError(503, "the server is busy: every slot and queue place is taken; retry shortly",
                                type="server_error", code="queue_full",

@@ -9,19 +9,29 @@ asyncio queue with ``loop.call_soon_threadsafe``).
 
 Messages a request receives, in order: ``Admitted`` or ``Rejected``; then the scheduler's
 ``TokenEvent``s; then one ``Finished`` or ``Failed``.
+
+The prompt cache: the scheduler keeps each slot's KV cells after its request and sends a
+request to the idle slot that lets it reuse the most (``engine.prompt_cache``); this is the
+mechanism ``chat`` uses between turns, with one slot. ``cache_prompt`` False (the server's
+``--no-cache-prompt``) makes every request start from empty cells, as a request's own
+``cache_prompt: false`` does. A client that goes away leaves its slot's cells as they were
+after the last step (what was evaluated: prompt and tokens so far), for its next request to
+reuse; a failure clears them.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from ..engine.decoding import Finished, TokenEvent
-from ..errors import EasdError
+from ..errors import ConfigError, EasdError
 from ..engine.pair import Pair
+from ..engine.prompt_cache import DEFAULT_SIMILARITY
 from ..engine.scheduler import Failed, Request, Scheduler
 from .metrics import Metrics
 from .responses import finish_reason
@@ -62,8 +72,11 @@ class Job:
 class Engine:
     def __init__(self, load: Callable[[], Pair], n_parallel: int, queue_size: int,
                  metrics: Metrics | None = None, on_load_failed: Callable[[BaseException], None] | None = None,
-                 on_loaded: Callable[[Pair], dict | None] | None = None):
+                 on_loaded: Callable[[Pair], dict | None] | None = None, cache_prompt: bool = True,
+                 slot_similarity: float = DEFAULT_SIMILARITY):
         self._load = load
+        self.cache_prompt = cache_prompt
+        self.slot_similarity = slot_similarity
         # called in the engine thread once the models are loaded, before the server is ready;
         # what it returns (the provenance of the server's results) is kept in ``provenance``
         self._on_loaded = on_loaded
@@ -102,6 +115,8 @@ class Engine:
         the models load (or after they failed to)."""
         if not self.ready:
             raise NotReady()
+        if not self.cache_prompt and request.reuse_cache:
+            request = dataclasses.replace(request, reuse_cache=False)
         job = Job(request, deliver)
         with self._cv:
             if len(self._waiting) + self._n_running >= self.n_slots + self.queue_size:
@@ -136,7 +151,7 @@ class Engine:
     def _main(self) -> None:
         try:
             self.pair = self._load()
-            self._sched = Scheduler(self.pair, self._n_parallel)
+            self._sched = Scheduler(self.pair, self._n_parallel, self.slot_similarity)
             if self._on_loaded is not None:
                 self.provenance = self._on_loaded(self.pair)
         except BaseException as e:  # noqa: BLE001 - reported by whoever started the server
@@ -180,7 +195,9 @@ class Engine:
                         self.metrics.finished(fin.stats)
                         job.deliver(fin)
                 else:
-                    sched.cancel(job.rid)
+                    # between steps the slot's cells hold what was evaluated: keep them for
+                    # the client's next request (a chat UI's "stop", then the next turn)
+                    sched.cancel(job.rid, keep_cache=True)
                     self._end(job, outcome)
             self._admit()
             if sched.active:
@@ -195,6 +212,7 @@ class Engine:
                 job = self._waiting.popleft()
                 self.metrics.waiting.set(len(self._waiting))
             try:
+                self._check_budget(job.request)
                 job.rid = sched.submit(job.request)
             except EasdError as e:
                 job.done = True
@@ -208,6 +226,15 @@ class Engine:
             self.metrics.prompt_tokens.labels(job.mode).inc(len(job.request.prompt))
             job.deliver(Admitted(time.perf_counter() - job.t_enqueued))
 
+    def _check_budget(self, request: Request) -> None:
+        """A token budget larger than a slot's whole context can never be honoured (OpenAI
+        refuses such a max_tokens too); a smaller one that the prompt leaves no room for
+        ends at the context's end with finish_reason "length"."""
+        n_ctx = min(m.n_ctx for m in (self.pair.target, self.pair.draft) if m is not None)
+        if request.cfg.max_tokens > n_ctx:
+            raise ConfigError(f"max_tokens {request.cfg.max_tokens} is larger than the context of a slot "
+                              f"({n_ctx} tokens, prompt included); lower it or raise --ctx")
+
     def _step(self) -> None:
         sched = self._sched
         try:
@@ -219,6 +246,10 @@ class Engine:
                 self._end(job, "failed")
                 job.deliver(Failed(msg))
             return
+        for p in sched.take_prefills():
+            job = self._running.get(p.rid)
+            if job is not None:
+                self.metrics.prompt(job.mode, p.cached, p.evaluated)
         for rid, ev in events:
             job = self._running.get(rid)
             if job is None:

@@ -1,7 +1,7 @@
 """The server's Prometheus counters (prometheus_client, its own registry).
 
 What llama-server's ``--metrics`` reports (prompt and generated tokens, requests in
-progress and deferred) plus the speculative/EASD figures, each labelled by mode: drafted,
+progress and deferred), the prompt cache's share (prompt tokens reused and evaluated), plus the speculative/EASD figures, each labelled by mode: drafted,
 accepted, SD rejections, gate fires, bonus tokens. Token-origin counters move as tokens are
 emitted, so they include requests that were cancelled or cut by a stop string; ``drafted``
 and ``sd_accepted`` come from decoding's final statistics, so they cover finished requests.
@@ -25,6 +25,10 @@ class Metrics:
         self.requests = Counter("easd_requests", "Requests ended, by mode and outcome "
                                 "(stop, length, cancelled, failed, rejected).", ["mode", "outcome"], registry=r)
         self.prompt_tokens = Counter("easd_prompt_tokens", "Prompt tokens of admitted requests.", ["mode"], registry=r)
+        self.prompt_cached = Counter("easd_prompt_cached_tokens", "Prompt tokens reused from a slot's KV cache "
+                                     "(timings.cache_n), of requests whose prompt was evaluated.", ["mode"], registry=r)
+        self.prompt_evaluated = Counter("easd_prompt_evaluated_tokens", "Prompt tokens evaluated "
+                                        "(timings.prompt_n).", ["mode"], registry=r)
         self.generated = Counter("easd_generated_tokens", "Tokens generated.", ["mode"], registry=r)
         self.drafted = Counter("easd_drafted_tokens", "Draft tokens proposed (finished requests).", ["mode"], registry=r)
         self.sd_accepted = Counter("easd_sd_accepted_tokens", "Draft tokens the SD test accepted, gated ones "
@@ -45,6 +49,10 @@ class Metrics:
                    RESAMPLED: self.sd_rejections}.get(ev.origin)
         if counter is not None:
             counter.labels(mode).inc()
+
+    def prompt(self, mode: str, cached: int, evaluated: int) -> None:
+        self.prompt_cached.labels(mode).inc(cached)
+        self.prompt_evaluated.labels(mode).inc(evaluated)
 
     def finished(self, stats: Stats) -> None:
         self.drafted.labels(stats.mode).inc(stats.drafted)

@@ -3,7 +3,8 @@
 Pure: no HTTP, no models. The standard fields of /v1/chat/completions and /v1/completions
 are read with their OpenAI meaning; the extension fields (``mode``, ``gamma``, ``tau_draft``,
 ``tau_target``, ``top_n``, ``overlap``, ``penalty``, ``top_k``, ``draft_p_min``) override the
-server's decoding defaults for one request. Fields this server cannot honour (``n`` > 1,
+server's decoding defaults for one request; ``cache_prompt`` (llama-server's) false makes the
+request evaluate its whole prompt instead of reusing a slot's cached prefix. Fields this server cannot honour (``n`` > 1,
 tools, logprobs, a JSON response format) are refused rather than silently ignored; other
 unknown fields are ignored, as OpenAI-compatible servers do.
 """
@@ -67,6 +68,7 @@ class ApiRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    cache_prompt: bool = True  # llama-server's field: False evaluates the whole prompt afresh
 
 
 # --------------------------------------------------------------------------- field readers
@@ -200,7 +202,8 @@ def parse_request(kind: str, body: Any) -> ApiRequest:
         raise bad("'stream_options' must be an object", "stream_options")
     stream = _bool(body, "stream")
     include_usage = _bool(opts or {}, "include_usage") if stream else False
-    common = dict(model=model, overrides=overrides, stop=_stop(body), stream=stream, include_usage=include_usage)
+    common = dict(model=model, overrides=overrides, stop=_stop(body), stream=stream, include_usage=include_usage,
+                  cache_prompt=_bool(body, "cache_prompt", True))
     if kind == "chat":
         return ApiRequest(kind="chat", messages=_messages(body), **common)
     return ApiRequest(kind="completion", prompt=_prompt(body), **common)

@@ -1,6 +1,7 @@
 """The OpenAI response shapes and the per-request statistics object (pure functions).
 
-``timings`` follows llama-server's object of that name (``prompt_n``, ``prompt_ms``,
+``timings`` follows llama-server's object of that name (``cache_n``: prompt tokens reused
+from the slot's cache, ``prompt_n``: prompt tokens evaluated, ``prompt_ms``,
 ``predicted_per_second``, ``draft_n``, ``draft_n_accepted``...) so that tools that show
 llama-server's figures show ours, and adds what the acceptance rule did: SD rejections,
 gate fires, bonus tokens, the mode, whether it is lossless, and the thresholds in force with
@@ -54,9 +55,10 @@ def _settings(cfg: DecodeConfig, source: str) -> dict:
 def timings_from_stats(stats: Stats, cfg: DecodeConfig, queue_s: float) -> dict:
     """The statistics of a request that decoding finished (its Stats are complete)."""
     gen_s = max(0.0, stats.seconds_total - stats.seconds_prompt)
+    evaluated = stats.prompt_tokens - stats.prompt_cached
     return {
-        "prompt_n": stats.prompt_tokens, "prompt_ms": _ms(stats.seconds_prompt),
-        "prompt_per_second": _rate(stats.prompt_tokens, stats.seconds_prompt),
+        "cache_n": stats.prompt_cached, "prompt_n": evaluated, "prompt_ms": _ms(stats.seconds_prompt),
+        "prompt_per_second": _rate(evaluated, stats.seconds_prompt),
         "predicted_n": stats.tokens, "predicted_ms": _ms(gen_s), "predicted_per_second": stats.tokens_per_s,
         "queue_ms": _ms(queue_s), "ttft_ms": _ms(stats.ttft_s),
         "draft_n": stats.drafted, "draft_n_accepted": stats.draft_accepted, "sd_accepted": stats.accepted,
@@ -90,11 +92,11 @@ class Tally:
 
 def timings_from_tally(t: Tally, cfg: DecodeConfig, source: str, queue_s: float, stop_reason: str) -> dict:
     """The statistics of a request cut short by a stop string. The engine was told to
-    drop it, so decoding's own figures never came: draft counts are unknown (null) and the
-    times are as measured on arrival."""
+    drop it, so decoding's own figures never came: draft counts and what the prompt cache
+    reused are unknown (null) and the times are as measured on arrival."""
     gen_s = (t.t_last - t.t_first) if (t.t_first is not None and t.t_last is not None) else None
     return {
-        "prompt_n": t.prompt_n, "prompt_ms": None, "prompt_per_second": None,
+        "cache_n": None, "prompt_n": None, "prompt_ms": None, "prompt_per_second": None,
         "predicted_n": t.tokens, "predicted_ms": _ms(gen_s),
         "predicted_per_second": (t.tokens - 1) / gen_s if gen_s else None,
         "queue_ms": _ms(queue_s), "ttft_ms": _ms(None if t.t_first is None else t.t_first - t.t_admitted),
