@@ -374,7 +374,7 @@ def _print(res: dict, gamma: int, png) -> None:
     if "seconds_per_decode" in res["drafts"][0]:
         sp = res["drafts"][0]["seconds_per_decode"]
         out.print(Text(
-            f"timing probe (median of 5, this machine, load {load['end']}): target {1000 * sp['target_one_token']:.1f} ms "
+            f"timing probe (median of 5, {res['environment'].get('threads')} thread(s), this machine, load {load['end']}): target {1000 * sp['target_one_token']:.1f} ms "
             f"a token, verify of {gamma + 1} tokens {1000 * sp['target_verify_by_tokens'][str(gamma + 1)]:.1f} ms; "
             + "; ".join(f"draft {d['draft']} {1000 * d['seconds_per_decode']['draft_one_token']:.1f} ms"
                         for d in res["drafts"])), style="dim", soft_wrap=True)

@@ -1,6 +1,6 @@
 """Both models over the same texts, teacher-forced: the target and every draft evaluate
 ``prompt + text`` in batched decodes of ``chunk`` tokens with logits at each of them, in
-lockstep, so that only one chunk of logits per model is ever held (64 rows × 152k
+lockstep, so that at most two chunks of logits per model are held (64 rows × 152k
 vocabulary × 4 B = 39 MB), never a context's worth. The prompt is evaluated without logits,
 and what a text shares with the one before (the chat template's preamble) is kept in the
 cache, as ``calibrate`` does. The figures of each chunk are taken at once
@@ -10,6 +10,7 @@ cache, as ``calibrate`` does. The figures of each chunk are taken at once
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -19,7 +20,7 @@ from ..calibrate import prefill
 from ..engine import rules
 from ..engine.runtime import Part
 from .corpus import Item
-from .predict import Rows, position_rows
+from .predict import Rows, TargetRows, position_rows
 
 DEFAULT_CHUNK = 64
 
@@ -80,37 +81,59 @@ def run(target, drafts: Sequence, items: Sequence[Item], settings: Settings, *, 
     t0 = time.perf_counter()
     total = sum(len(it.text) for it in items)
     done = 0
-    for n_item, it in enumerate(items, 1):
-        start = len(it.prompt) - 1  # seq[start + j] is evaluated to predict text[j]
-        seq = list(it.prompt) + list(it.text)
-        n = len(it.text)
-        if start + n > ctx or not it.prompt:
-            out.skipped.append((it.label, len(seq)))
-            total -= n
-            continue
-        for m in models:
-            prefill(m, seq[:start])
-        parts: list[list[Rows]] = [[] for _ in drafts]
-        is_text: list[np.ndarray] = []
-        for c0 in range(0, n, chunk):
-            toks = seq[start + c0 : start + min(c0 + chunk, n)]
-            ts = time.perf_counter()
-            z_t = _decode_rows(target, toks)
-            out.seconds_target += time.perf_counter() - ts
-            is_text.append(rules.greedy(z_t) == np.asarray(it.text[c0 : c0 + len(toks)]))
-            for k, (d, V) in enumerate(zip(drafts, shared)):
+
+    def figures(z_t: np.ndarray, z_ds: list[np.ndarray], text: np.ndarray) -> tuple[np.ndarray, list[Rows]]:
+        sides = {V: TargetRows(z_t[:, :V], settings.top_n) for V in set(shared)}  # once per vocabulary size
+        rows = [position_rows(sides[V], z_d[:, :V], temperature=settings.temperature, top_k=settings.top_k,
+                              top_p=settings.top_p) for z_d, V in zip(z_ds, shared)]
+        return rules.greedy(z_t) == text, rows
+
+    # the figures of a chunk are taken in a second thread while the models decode the next
+    # (llama.cpp and numpy both release the GIL): one chunk in flight, so at most two chunks
+    # of logits are held
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        for n_item, it in enumerate(items, 1):
+            start = len(it.prompt) - 1  # seq[start + j] is evaluated to predict text[j]
+            seq = list(it.prompt) + list(it.text)
+            n = len(it.text)
+            if start + n > ctx or not it.prompt:
+                out.skipped.append((it.label, len(seq)))
+                total -= n
+                continue
+            for m in models:
+                prefill(m, seq[:start])
+            parts: list[list[Rows]] = [[] for _ in drafts]
+            is_text: list[np.ndarray] = []
+            pending: Future | None = None
+
+            def collect(f: Future) -> None:
+                txt, rows = f.result()
+                is_text.append(txt)
+                for k, r in enumerate(rows):
+                    parts[k].append(r)
+
+            for c0 in range(0, n, chunk):
+                toks = seq[start + c0 : start + min(c0 + chunk, n)]
                 ts = time.perf_counter()
-                z_d = _decode_rows(d, toks)
-                out.seconds_drafts[k] += time.perf_counter() - ts
-                parts[k].append(position_rows(z_t[:, :V], z_d[:, :V], temperature=settings.temperature,
-                                              top_k=settings.top_k, top_p=settings.top_p, top_n=settings.top_n))
-            done += len(toks)
+                z_t = _decode_rows(target, toks)
+                out.seconds_target += time.perf_counter() - ts
+                z_ds = []
+                for k, d in enumerate(drafts):
+                    ts = time.perf_counter()
+                    z_ds.append(_decode_rows(d, toks))
+                    out.seconds_drafts[k] += time.perf_counter() - ts
+                if pending is not None:
+                    collect(pending)
+                pending = worker.submit(figures, z_t, z_ds, np.asarray(it.text[c0 : c0 + len(toks)]))
+                done += len(toks)
+                if progress is not None:
+                    progress(n_item - 1, len(items), done, total)
+            if pending is not None:
+                collect(pending)
+            joined = [Rows(*(np.concatenate([getattr(r, f) for r in ps])
+                             for f in ("agree", "alpha", "kl", "h_draft", "h_target", "overlap"))) for ps in parts]
+            out.scored.append(Scored(it, joined, np.concatenate(is_text)))
             if progress is not None:
-                progress(n_item - 1, len(items), done, total)
-        joined = [Rows(*(np.concatenate([getattr(r, f) for r in ps])
-                         for f in ("agree", "alpha", "kl", "h_draft", "h_target", "overlap"))) for ps in parts]
-        out.scored.append(Scored(it, joined, np.concatenate(is_text)))
-        if progress is not None:
-            progress(n_item, len(items), done, total)
+                progress(n_item, len(items), done, total)
     out.seconds = time.perf_counter() - t0
     return out

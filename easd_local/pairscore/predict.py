@@ -50,9 +50,21 @@ def alpha_rows(z_target, z_draft, temperature: float, top_k: int = 0, top_p: flo
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
+    """Row log-softmax in float32, its normaliser summed in float64."""
     d = z - z.max(axis=-1, keepdims=True)
     lse = np.log(np.exp(d).sum(axis=-1, keepdims=True, dtype=np.float64))
-    return (d - lse.astype(d.dtype)).astype(np.float64)
+    d -= lse.astype(d.dtype)
+    return d
+
+
+def _kl(lp: np.ndarray, p: np.ndarray, lq: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        kl = (p * (lp - lq)).sum(axis=-1, dtype=np.float64)
+    bad = ~np.isfinite(kl)
+    if bad.any():  # a -inf logit (p = 0 there: it contributes nothing); llama.cpp's rows never have one
+        with np.errstate(invalid="ignore"):
+            kl[bad] = np.where(p[bad] > 0, p[bad] * (lp[bad] - lq[bad]), 0.0).sum(axis=-1, dtype=np.float64)
+    return np.maximum(kl, 0.0)
 
 
 def kl_rows(z_target, z_draft) -> np.ndarray:
@@ -60,11 +72,8 @@ def kl_rows(z_target, z_draft) -> np.ndarray:
     draft), in nats. (k,) float64, never negative."""
     zt = np.atleast_2d(np.asarray(z_target, dtype=np.float32))
     zd = np.atleast_2d(np.asarray(z_draft, dtype=np.float32))
-    lp, lq = _log_softmax(zt), _log_softmax(zd)
-    p = np.exp(lp)
-    with np.errstate(invalid="ignore"):  # p = 0 where a logit is -inf: contributes nothing
-        terms = np.where(p > 0, p * (lp - lq), 0.0)
-    return np.maximum(terms.sum(axis=-1), 0.0)
+    lp = _log_softmax(zt)
+    return _kl(lp, np.exp(lp), _log_softmax(zd))
 
 
 @dataclass
@@ -79,17 +88,40 @@ class Rows:
     overlap: np.ndarray  # top-N overlap
 
 
-def position_rows(z_target: np.ndarray, z_draft: np.ndarray, *, temperature: float, top_k: int, top_p: float,
-                  top_n: int) -> Rows:
-    """All per-position figures of a chunk (k, V) of both models' logits (shared vocabulary)."""
-    agree = rules.greedy(z_target) == rules.greedy(z_draft)
+class TargetRows:
+    """What every draft is compared with in a chunk of the target's logits, computed once:
+    argmax, entropy, top-N sets, the untempered log-softmax and softmax."""
+
+    def __init__(self, z_target: np.ndarray, top_n: int) -> None:
+        self.z = np.atleast_2d(np.asarray(z_target, dtype=np.float32))
+        self.best = rules.greedy(self.z)
+        self.h = np.atleast_1d(rules.entropy(self.z))
+        self.top_n = min(int(top_n), self.z.shape[-1])
+        self.top = rules.top_n_sets(self.z, self.top_n)
+        self.logp = _log_softmax(self.z)
+        self.p = np.exp(self.logp)
+
+
+def position_rows(target: TargetRows, z_draft: np.ndarray, *, temperature: float, top_k: int, top_p: float) -> Rows:
+    """All per-position figures of a chunk (k, V) of a draft's logits against the target's
+    (the same positions, the shared vocabulary)."""
+    zd = np.atleast_2d(np.asarray(z_draft, dtype=np.float32))
+    agree = target.best == rules.greedy(zd)
+    lq = _log_softmax(zd)
+    q = np.exp(lq)
+    if temperature == 0.0:
+        alpha = agree.astype(np.float64)
+    elif temperature == 1.0 and top_k == 0 and top_p >= 1.0:
+        alpha = np.minimum(target.p, q).sum(axis=-1, dtype=np.float64)  # the softmaxes are the sampling laws
+    else:
+        alpha = alpha_rows(target.z, zd, temperature, top_k, top_p)
     return Rows(
         agree=np.asarray(agree, dtype=bool).reshape(-1),
-        alpha=agree.astype(np.float64) if temperature == 0.0 else alpha_rows(z_target, z_draft, temperature, top_k, top_p),
-        kl=kl_rows(z_target, z_draft),
-        h_draft=np.atleast_1d(rules.entropy(z_draft)),
-        h_target=np.atleast_1d(rules.entropy(z_target)),
-        overlap=np.atleast_1d(rules.top_n_overlap(z_draft, z_target, top_n)),
+        alpha=np.atleast_1d(alpha),
+        kl=_kl(target.logp, target.p, lq),
+        h_draft=np.atleast_1d(rules.entropy(zd)),
+        h_target=target.h,
+        overlap=rules.sets_overlap(rules.top_n_sets(zd, target.top_n), target.top),
     )
 
 
