@@ -16,7 +16,7 @@ from easd_local.bench.prompt import build_messages
 from easd_local.cli import app
 from easd_local.engine.runtime import LoadOptions, Model, Part
 from easd_local.pairscore import predict
-from easd_local.pairscore.corpus import from_dataset
+from easd_local.pairscore.corpus import read_dataset, tokenize
 
 runner = CliRunner()
 FAST = ["--ctx", "1024", "--threads", "1"]
@@ -116,7 +116,7 @@ def test_alpha_equals_numpy_over_the_same_logits(tiny_draft, tiny_target):
                      "--no-probe", *FAST)
     opts = LoadOptions(n_ctx=1024, n_threads=1)
     with Model(tiny_target, opts) as t, Model(tiny_draft, opts) as d:
-        (item,) = from_dataset("gsm8k", t.vocab, limit=1).items
+        (item,) = tokenize(read_dataset("gsm8k", limit=1), t.vocab).items
         seq = item.prompt + item.text
         start = len(item.prompt) - 1
         toks = seq[start : start + len(item.text)]
@@ -210,12 +210,15 @@ def test_from_sets_measured_runs_beside_the_prediction(tiny_draft, tiny_target, 
 
 @pytest.mark.parametrize("args, says", [
     (["--dataset", "gsm8k", "--text", "x.txt"], "give one corpus"),
+    (["--text", "no-such.txt"], "--text no-such.txt: No such file"),
+    (["--from", "no-such.jsonl"], "results file 'no-such.jsonl' not found"),
     (["--dataset", "amc23"], "has no reference solutions"),
     (["--limit", "0"], "--limit must be >= 1"),
     (["--temperature", "-1"], "temperature"),
 ])
-def test_bad_input_is_one_line(args, says, tiny_draft, tiny_target):
-    r = score("-m", tiny_target, "-md", tiny_draft, *args, *FAST)
+def test_bad_input_is_one_line(args, says, tiny_draft, tmp_path):
+    # checked before any model loads: the target named here does not exist
+    r = score("-m", tmp_path / "missing.gguf", "-md", tiny_draft, *args, *FAST)
     assert r.exit_code == 2, r.output
     assert says in r.output and "Traceback" not in r.output
     assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1, r.output

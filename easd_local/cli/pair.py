@@ -252,6 +252,13 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
         if plot_to is not None:
             plot.require_matplotlib()
         topts, dopts = o.llama_options(kw)
+        # the corpus is read and checked before any model is downloaded or loaded
+        if from_ is not None:
+            src = corp.read_results(from_, method)
+        elif text is not None:
+            src = corp.read_text(text)
+        else:
+            src = corp.read_dataset(dataset, limit)
         t_path, t_label, t_entry, drafts = _models(pair, target, list(draft or []), yes)
         for d_path, _, _ in drafts:
             check_pair_files(d_path, t_path)  # vocabulary only: every pair checked before anything loads
@@ -266,12 +273,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
             dms = loaded[1:]
             base.validate(min(m.n_vocab for m in loaded))
             t_sha = file_id(t_path, t_entry).sha256
-            if from_ is not None:
-                cp = corp.from_results(from_, tgt.vocab, method=method, limit=limit, target_sha=t_sha)
-            elif text is not None:
-                cp = corp.from_text(text, tgt.vocab, window=min(m.n_ctx for m in loaded), limit=limit)
-            else:
-                cp = corp.from_dataset(dataset, tgt.vocab, limit=limit)
+            cp = corp.tokenize(src, tgt.vocab, limit=limit, window=min(m.n_ctx for m in loaded), target_sha=t_sha)
             if not json_out:
                 for note in cp.notes:
                     err_console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)

@@ -51,17 +51,59 @@ def _row_order(row: dict) -> tuple:
     return (row["dataset"], row["index"], row["qid"])
 
 
-def from_results(path: str | Path, vocab, *, method: str = "target", limit: int | None = None,
-                 target_sha: str | None = None) -> Corpus:
-    """The texts of ``method``'s rows of a bench results file (default ``target``: the
-    target's own answers), first ``limit`` problems in file order (dataset, index). Where
-    rows of several target files are there, those of ``target_sha`` are taken."""
+@dataclass
+class Source:
+    """A corpus read and checked, before any model is loaded (what tokenizing it needs is the
+    target's vocabulary)."""
+
+    kind: str
+    name: str  # the file or preset
+    rows: list[dict] = field(default_factory=list)  # FAITHFUL: every row of the file
+    mine: list[dict] = field(default_factory=list)  # FAITHFUL: the rows of --method
+    method: str = "target"
+    solutions: list = field(default_factory=list)  # REFERENCE: [(problem, solution)]
+    text: str = ""  # TEXT
+
+
+def read_results(path: str | Path, method: str = "target") -> Source:
+    """A bench results file's rows, checked: ConfigError when it holds no row of ``method``."""
     rows = list(load_results(path))
     mine = [r for r in rows if r["method"] == method]
     if not mine:
         methods = sorted({r["method"] for r in rows})
         raise ConfigError(f"{path}: no rows of method {method!r} (it holds {', '.join(methods) or 'no rows'}); "
                           "--method names another")
+    return Source(FAITHFUL, Path(path).name, rows=rows, mine=mine, method=method)
+
+
+def read_dataset(name: str, limit: int | None = None) -> Source:
+    return Source(REFERENCE, name, solutions=reference_solutions(name, limit=limit))
+
+
+def read_text(path: str | Path) -> Source:
+    p = Path(path).expanduser()
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"--text {p}: {e.strerror or e}") from None
+    return Source(TEXT, p.name, text=decode_input(data, f"--text {p}"))
+
+
+def tokenize(src: Source, vocab, *, limit: int | None = None, window: int = 4096,
+             target_sha: str | None = None) -> Corpus:
+    """The corpus of ``src`` in the target's tokens (``window``: the longest text part)."""
+    if src.kind == FAITHFUL:
+        return from_results(src, vocab, limit=limit, target_sha=target_sha)
+    if src.kind == REFERENCE:
+        return from_dataset(src, vocab)
+    return from_text(src, vocab, window=window, limit=limit)
+
+
+def from_results(src: Source, vocab, *, limit: int | None = None, target_sha: str | None = None) -> Corpus:
+    """The texts of ``src.method``'s rows of a bench results file (default ``target``: the
+    target's own answers), first ``limit`` problems in file order (dataset, index). Where
+    rows of several target files are there, those of ``target_sha`` are taken."""
+    mine, method, rows = src.mine, src.method, src.rows
     notes: list[str] = []
     if target_sha is not None:
         same = [r for r in mine if row_model_sha(r, "target") == target_sha]
@@ -106,31 +148,27 @@ def from_results(path: str | Path, vocab, *, method: str = "target", limit: int 
     if sampled:
         notes.append(f"{sampled} row{'s' if sampled != 1 else ''} were sampled (temperature > 0): the greedy SD "
                      "simulation follows a text greedy decoding would not have written")
-    return Corpus(FAITHFUL, f"{len(items)} {method} rows of {Path(path).name}", items, notes, rows)
+    return Corpus(FAITHFUL, f"{len(items)} {method} rows of {src.name}", items, notes, rows)
 
 
-def from_dataset(name: str, vocab, *, limit: int | None = None) -> Corpus:
+def from_dataset(src: Source, vocab) -> Corpus:
     """A preset's questions (rendered as bench renders them) and reference solutions."""
     items = []
-    for prob, sol in reference_solutions(name, limit=limit):
+    for prob, sol in src.solutions:
         text = vocab.tokenize(sol, add_special=False, parse_special=False)
         items.append(Item(prob.qid, vocab.chat_tokens(build_messages(prob.question)), text))
     note = ("an approximation: reference solutions are written by people, in another style than the target's own "
             "answers (GSM8K's carry <<48/2=24>> calculator notes), so the draft agrees with the target less often "
             "along them than along the target's text, and the predicted tokens per verify come out low; "
             "--from RESULTS.jsonl (the target's rows of a bench file) is the faithful corpus")
-    return Corpus(REFERENCE, f"{len(items)} {name} reference solutions", items, [note])
+    return Corpus(REFERENCE, f"{len(items)} {src.name} reference solutions", items, [note])
 
 
-def from_text(path: str | Path, vocab, *, window: int, limit: int | None = None) -> Corpus:
+def from_text(src: Source, vocab, *, window: int, limit: int | None = None) -> Corpus:
     """A text file, tokenized as plain text (no special tokens), cut into windows of at most
     ``window`` tokens; each window's first token is its context."""
-    p = Path(path).expanduser()
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"--text {p}: {e.strerror or e}") from None
-    toks = vocab.tokenize(decode_input(data, f"--text {p}"), add_special=False, parse_special=False)
+    p = Path(src.name)
+    toks = vocab.tokenize(src.text, add_special=False, parse_special=False)
     if len(toks) < 2:
         raise ConfigError(f"--text {p}: {len(toks)} token{'s' if len(toks) != 1 else ''}; at least 2 are needed")
     window = max(2, int(window))
@@ -142,7 +180,7 @@ def from_text(path: str | Path, vocab, *, window: int, limit: int | None = None)
         items.append(Item(f"{p.name} part {k + 1}", part[:1], part[1:]))
         if limit is not None and len(items) >= limit:
             break
-    return Corpus(TEXT, f"{p.name}: {len(toks):,} tokens in {len(items)} part{'s' if len(items) != 1 else ''}",
+    return Corpus(TEXT, f"{src.name}: {len(toks):,} tokens in {len(items)} part{'s' if len(items) != 1 else ''}",
                   items, [])
 
 
