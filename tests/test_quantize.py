@@ -133,3 +133,17 @@ def test_ctrl_c_leaves_nothing(real, easd_home):
     assert took < 2.0
     assert not list(models.glob("*")), list(models.glob("*"))
     assert "real-target-iq4_xs" not in user_models()
+
+
+def test_name_and_conflicts(real, easd_home):
+    src = real["draft_f16"]
+    r = quantize(src, "--type", "Q8_0,Q4_0", "--name", "mine")
+    assert r.exit_code == 2 and "--name names one output" in r.output
+    r = quantize(src, "--type", "Q4_0", "--name", "mine", "-t", 1)
+    assert r.exit_code == 0, r.output
+    assert user_models()["mine"]["quant_type"] == "Q4_0"
+    # a name taken by another model (a built-in one here) is refused before anything is written
+    builtin = next(n for n, e in load_catalog().models.items() if not e.user)
+    r = quantize(src, "--type", "Q8_0", "--name", builtin)
+    assert r.exit_code == 2 and "a different model is already named" in r.output
+    assert not (paths.models_dir() / f"{builtin}.gguf").exists()

@@ -46,6 +46,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
                  "than quantizing from 16 or 32 bits).")] = False,
         threads: Annotated[Optional[int], typer.Option(
             "--threads", "-t", metavar="N", help="Threads for the quantizer \\[default: llama.cpp's: all cores]")] = None,
+        name: Annotated[Optional[str], typer.Option(
+            "--name", metavar="NAME", help="The model name of the output (one --type) \\[default: the source's name "
+            "and the type]")] = None,
         yes: Annotated[bool, typer.Option("--yes", "-y", help="Download a catalog source without asking.")] = False,
     ) -> None:
         """Quantize a GGUF with llama.cpp's own quantizer into the cache and register each output as a model.
@@ -53,6 +56,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
         Each output is named after the source and the type (x-f16 -> x-q4_k_m; an already quantized source keeps its name: x-q4_k_m-q8_0), with the source's sha256 recorded, so that `pair score`, `bench --draft/--target` and every command that takes a model name can use it. Ctrl-C stops at once: no half-written file, nothing registered.
         """
         wanted = _types(types)  # every type checked before anything is read or written
+        if name is not None and len(set(t.upper() for t in wanted)) != 1:
+            raise ConfigError("--name names one output: give one --type with it")
         if threads is not None and threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {threads}")
         entry = catalog_model(src)
@@ -66,16 +71,16 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
         if source.quantized:
             err_console.print(Text(f"warning: {source.path.name} is already quantized ({source.file_type}): "
                                    f"{q.REQUANTIZE_WARNING}", style="yellow"), soft_wrap=True)
-        todo = quantized.plan(source, wanted)
+        todo = quantized.plan(source, wanted, name)
         console.print(Text(f"{label}: {source.file_type}, {human_size(source.path.stat().st_size)}, "
                            f"sha256 {source.sha256[:12]}…  {source.path}"), soft_wrap=True)
         names = []
-        for type_name, name, dest in todo:
+        for type_name, model, dest in todo:
             with Progress(TextColumn(f"quantizing to {type_name}"), BarColumn(), MofNCompleteColumn(),
                           TextColumn("tensors"), TimeElapsedColumn(), console=err_console, transient=True,
                           disable=not err_console.is_terminal) as prog:
                 task = prog.add_task(type_name, total=None)
-                made = quantized.make(source, type_name, name, dest, allow_requantize=allow_requantize,
+                made = quantized.make(source, type_name, model, dest, allow_requantize=allow_requantize,
                                       n_threads=threads or 0,
                                       progress=lambda i, n: prog.update(task, completed=i, total=n))
             e = made.entry

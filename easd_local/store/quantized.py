@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..fsutil import try_lock
 from ..units import human_size
 from . import filehash
-from .catalog import ModelEntry, load_catalog, local_path, register_user_model
+from .catalog import ModelEntry, _check_name, load_catalog, local_path, register_user_model
 from .pull import check_cached
 
 # a trailing "-f16", "_BF16", ".f32" on an unquantized source's name: the new name says the new type
@@ -77,26 +77,27 @@ def source(path: Path, label: str, entry: ModelEntry | None, allow_requantize: b
     return Source(path=path, label=label, sha256=sha, file_type=ftype, entry=entry)
 
 
-def plan(src: Source, types: list[str]) -> list[tuple[str, str, Path]]:
+def plan(src: Source, types: list[str], name: str | None = None) -> list[tuple[str, str, Path]]:
     """``[(type, model name, destination)]`` for every type asked for, all checked before
-    anything is written: a known type, and a name that is free or already this very model."""
+    anything is written: a known type, and a name (``name``, for one type, else built from the
+    source's) that is free or already this very model."""
     out = []
-    seen = set()
     cat = load_catalog()
-    for t in types:
+    wanted = list(dict.fromkeys(t.strip().upper() for t in types))
+    for t in wanted:
         q.quant_type(t)  # ConfigError naming the known types
-        t = t.strip().upper()
-        if t in seen:
-            continue
-        seen.add(t)
-        name = quantized_name(src.label, src.file_type, t)
-        if name in cat.pairs:
-            raise ConfigError(f"{name!r} is the name of a pair; rename the source file")
-        old = cat.models.get(name)
+    if name is not None and len(wanted) != 1:
+        raise ConfigError("--name names one output: give one --type with it")
+    for t in wanted:
+        model = name or quantized_name(src.label, src.file_type, t)
+        _check_name(model, "model")
+        if model in cat.pairs:
+            raise ConfigError(f"{model!r} is the name of a pair; choose another with --name")
+        old = cat.models.get(model)
         if old is not None and not _same_make(old, src, t):
-            raise ConfigError(f"a different model is already named {name!r} "
-                              f"({'built in' if not old.user else old.description}); rename the source file")
-        out.append((t, name, paths.models_dir() / f"{name}.gguf"))
+            raise ConfigError(f"a different model is already named {model!r} "
+                              f"({'built in' if not old.user else old.description}); choose another with --name")
+        out.append((t, model, paths.models_dir() / f"{model}.gguf"))
     return out
 
 
