@@ -229,7 +229,7 @@ def load_questions(dataset: str, question_key: str | None = None, limit: int | N
 # ------------------------------------------------------------------------------ collecting
 
 
-def _prefill(model, tokens: Sequence[int], seq: int = 0) -> None:
+def prefill(model, tokens: Sequence[int], seq: int = 0) -> None:
     """Sequence ``seq``'s cache := ``tokens`` (nothing evaluated for the prefix already there)."""
     keep = model.common_prefix(tokens, seq=seq)
     model.rollback(keep, seq)
@@ -291,7 +291,7 @@ def collect(
         # ---- target: greedy, one step of every question of the group per batch
         ts = time.perf_counter()
         for k, prompt in enumerate(group):
-            _prefill(target, prompt[:-1], k)
+            prefill(target, prompt[:-1], k)
         last = [p[-1] for p in group]
         toks: list[list[int]] = [[] for _ in group]
         h_t: list[list[float]] = [[] for _ in group]
@@ -317,7 +317,7 @@ def collect(
         seqs = [p + t for p, t in zip(group, toks)]
         starts = [len(p) - 1 for p in group]  # seqs[k][start + i] is evaluated to predict toks[k][i]
         for k in range(len(group)):
-            _prefill(draft, seqs[k][: starts[k]], k)
+            prefill(draft, seqs[k][: starts[k]], k)
         h_d: list[list[float]] = [[] for _ in group]
         ov: list[list[float]] = [[] for _ in group]
         agree: list[list[bool]] = [[] for _ in group]

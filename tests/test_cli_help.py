@@ -13,7 +13,7 @@ from easd_local.cli import app
 
 runner = CliRunner()
 COMMANDS = [("generate",), ("chat",), ("serve",), ("bench",), ("calibrate",), ("pull",), ("models", "add-pair"),
-            ("models", "inspect"), ("models", "check"), ("models", "verify")]
+            ("models", "inspect"), ("models", "check"), ("models", "verify"), ("pair", "score"), ("quantize",)]
 
 
 def _flat(text: str) -> str:

@@ -285,3 +285,33 @@ def _select_qids(problems: list[Problem], qids: Sequence[str], source: str) -> l
         example = f" (its ids look like {problems[0].qid})" if problems else ""
         raise ConfigError(f"--qid {shown}: not a problem of {source} in the --offset/--limit slice{example}")
     return [p for p in problems if p.qid in wanted]
+
+
+# Where each preset keeps a worked reference solution (AMC 2023 has none): text written by
+# people, in their style, not a model's (``pair score --dataset`` scores models along it)
+SOLUTION_KEYS: dict[str, str] = {
+    "gsm8k": "answer", "gsm8k-train": "answer", "math500": "solution", "aime24": "solution",
+    "olympiadbench": "solution",
+}
+
+
+def reference_solutions(name: str, limit: int | None = None, offset: int = 0) -> list[tuple[Problem, str]]:
+    """``[(problem, its reference solution)]`` of a preset, in file order (``offset``/``limit``
+    slice as in :func:`load_dataset`). A solution given as a list (OlympiadBench) is its items
+    joined by a blank line. ConfigError for a preset without solutions or a non-preset."""
+    if name not in PRESETS:
+        raise ConfigError(f"--dataset {name!r}: reference solutions come with the presets "
+                          f"{', '.join(SOLUTION_KEYS)}; for your own text use --text FILE")
+    key = SOLUTION_KEYS.get(name)
+    if key is None:
+        raise ConfigError(f"--dataset {name}: the preset has no reference solutions; "
+                          f"presets that do: {', '.join(SOLUTION_KEYS)}")
+    problems = load_dataset(name)
+    rows = _parse_rows(jsonl_lines(preset_text(name)), PRESETS[name].resource)
+    stop = None if limit is None else offset + limit
+    out = []
+    for prob, (lineno, row) in list(zip(problems, rows))[offset:stop]:
+        sol = _field(row, key, lineno, name, "solution")
+        text = "\n\n".join(str(s) for s in sol) if isinstance(sol, list) else str(sol)
+        out.append((prob, check_text(text, f"{name} line {lineno}: the solution")))
+    return out

@@ -70,8 +70,10 @@ from . import bench as _bench  # noqa: E402
 from . import calibrate as _calibrate  # noqa: E402
 from . import serve as _serve  # noqa: E402
 from . import doctor as _doctor  # noqa: E402
+from . import quantize as _quantize  # noqa: E402
+from . import pair as _pair  # noqa: E402
 
-for _mod in (_models, _catalog_cmds, _generate, _chat, _bench, _calibrate, _serve, _doctor):
+for _mod in (_models, _catalog_cmds, _generate, _chat, _bench, _calibrate, _serve, _doctor, _quantize, _pair):
     _mod.register(app, models_app)
 
 

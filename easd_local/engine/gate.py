@@ -82,11 +82,21 @@ def top_n_overlap(z_draft, z_target, n: int):
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     n = min(n, zd.shape[-1])
-    a = _top_n_sets(zd, n)
-    b = _top_n_sets(zt, n)
-    common = (a[:, :, None] == b[:, None, :]).any(axis=-1).sum(axis=-1)
-    ov = common / float(n)
+    ov = sets_overlap(_top_n_sets(zd, n), _top_n_sets(zt, n))
     return ov[0] if squeeze else ov
+
+
+def sets_overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``|A ∩ B| / n`` per row of two (k, n) arrays of top-N sets (``top_n_sets``): the overlap
+    of ``top_n_overlap`` when one side's sets are reused against several others."""
+    common = (a[:, :, None] == b[:, None, :]).any(axis=-1).sum(axis=-1)
+    return common / float(a.shape[-1])
+
+
+def top_n_sets(z, n: int) -> np.ndarray:
+    """The (k, n) top-N sets ``top_n_overlap`` compares (``n`` clamped to V)."""
+    zz, _ = _rows(z)
+    return _top_n_sets(zz, min(int(n), zz.shape[-1]))
 
 
 def conditions(h_draft, h_target, overlap, tau_draft, tau_target, tau_overlap):

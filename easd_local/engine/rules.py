@@ -28,12 +28,14 @@ from .config import RANDOM_SEED, DecodeConfig
 # where an emitted token came from (defined with the events; the rules produce them)
 from .events import BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET
 # the gate's quantities and its predicate, under the names the rules have always had
-from .gate import Gate, Reading, _rows, _top_n_sets, entropy, top_n_overlap
+from .gate import Gate, Reading, _rows, _top_n_sets, entropy, sets_overlap, top_n_overlap, top_n_sets
 from .gate import opens as gate
 
 __all__ = [
     "entropy",
     "top_n_overlap",
+    "top_n_sets",
+    "sets_overlap",
     "gate",
     "sampling_probs",
     "greedy",

@@ -1,0 +1,149 @@
+"""`easd-local quantize` (issue 39): llama.cpp's quantizer on the realistic tiny pair's F16
+source, into the cache, registered under a name from source and type; a quantized source is
+refused without --allow-requantize; Ctrl-C leaves no file and registers nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from easd_local import paths
+from easd_local.cli import app
+from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.store.catalog import load_catalog
+from easd_local.store.quantized import quantized_name
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def real(tiny_spec, tmp_path_factory):
+    return tiny_spec.write_realistic_models(tmp_path_factory.mktemp("real"))
+
+
+def quantize(*args):
+    return runner.invoke(app, ["quantize", *[str(a) for a in args]])
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def user_models() -> dict:
+    p = paths.user_catalog_path()
+    return json.loads(p.read_text())["models"] if p.exists() else {}
+
+
+def test_names():
+    assert quantized_name("x-f16", "F16", "Q4_K_M") == "x-q4_k_m"
+    assert quantized_name("x_BF16", "BF16", "q8_0") == "x-q8_0"
+    assert quantized_name("x-q4_k_m", "Q4_K_M", "Q8_0") == "x-q4_k_m-q8_0"  # says what it was made from
+    assert quantized_name("my model", "F16", "Q8_0") == "my-model-q8_0"
+
+
+def test_quantize_writes_a_loadable_registered_model(real, easd_home):
+    src = real["draft_f16"]
+    r = quantize(src, "--type", "Q8_0,q4_k_m", "-t", 1)
+    assert r.exit_code == 0, r.output
+    cat = load_catalog()
+    for t in ("q8_0", "q4_k_m"):
+        name = f"real-draft-{t}"
+        entry = cat.models[name]
+        path = paths.models_dir() / f"{name}.gguf"
+        assert entry.path == path and entry.size == path.stat().st_size and entry.sha256 == sha256(path)
+        rec = user_models()[name]
+        assert rec["quantized_from"]["sha256"] == sha256(src) and rec["quant_type"] == t.upper()
+        assert rec["quantized_from"]["file_type"] == "F16"
+        with Model(path, LoadOptions(n_ctx=256, n_threads=1)) as m:  # llama.cpp loads it and decodes
+            assert m.facts().file_type.upper().endswith(t.upper())
+            assert m.decode([m.vocab.tokenize("hello", add_special=False)[0]]).shape == (1, m.n_vocab)
+    assert not list(paths.models_dir().glob("*.part-*"))
+    # the same again: there already, not redone
+    mtime = (paths.models_dir() / "real-draft-q8_0.gguf").stat().st_mtime_ns
+    r = quantize(src, "--type", "Q8_0")
+    assert r.exit_code == 0 and "already there" in r.output
+    assert (paths.models_dir() / "real-draft-q8_0.gguf").stat().st_mtime_ns == mtime
+    # usable by name: models list, and pair score beside the draft it was made from
+    r = runner.invoke(app, ["models", "list"])
+    assert "real-draft-q8_0 (user)" in r.output
+    r = runner.invoke(app, ["pair", "score", "-m", str(real["target"]), "-md", str(real["draft"]), "-md",
+                            "real-draft-q8_0", "--dataset", "gsm8k", "--limit", "1", "--no-probe", "--ctx", "1024",
+                            "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [d["draft"] for d in res["drafts"]] == ["real-draft-q5_0", "real-draft-q8_0"]
+
+
+def test_a_quantized_source_needs_allow_requantize(real, easd_home):
+    src = real["draft"]  # Q5_0
+    r = quantize(src, "--type", "Q8_0")
+    assert r.exit_code == 2
+    assert "already quantized (Q5_0)" in r.output and "--allow-requantize" in r.output
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
+    assert not list(paths.models_dir().glob("*.gguf*")) and "real-draft-q5_0-q8_0" not in user_models()
+    r = quantize(src, "--type", "Q8_0", "--allow-requantize", "-t", 1)
+    assert r.exit_code == 0, r.output
+    assert "reduce quality" in r.output  # llama.cpp's warning, said anyway
+    rec = user_models()["real-draft-q5_0-q8_0"]
+    assert rec["quantized_from"]["sha256"] == sha256(src) and rec["quantized_from"]["file_type"] == "Q5_0"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--type", "Q9_X"], "unknown quantization type 'Q9_X'"),
+    (["--type", ","], "--type names no type"),
+])
+def test_bad_types_are_one_line(real, easd_home, args, says):
+    r = quantize(real["draft_f16"], *args)
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output
+
+
+def test_ctrl_c_leaves_nothing(real, easd_home):
+    """SIGINT while llama.cpp quantizes (a long C call in a child process): exit 130 at once,
+    no part file, no output, nothing registered."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    # IQ4_XS with one thread: about 3 s for the 25 MB source, time enough to interrupt it
+    p = subprocess.Popen([sys.executable, "-m", "easd_local", "quantize", str(real["target_f16"]), "--type", "IQ4_XS",
+                          "-t", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    models = easd_home / "models"
+    try:
+        deadline = time.monotonic() + 60
+        while not list(models.glob("*.part-*")):
+            assert p.poll() is None, p.stderr.read().decode()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        p.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        rc = p.wait(timeout=30)
+        took = time.monotonic() - t0
+        err = p.stderr.read().decode()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert took < 2.0
+    assert not list(models.glob("*")), list(models.glob("*"))
+    assert "real-target-iq4_xs" not in user_models()
+
+
+def test_name_and_conflicts(real, easd_home):
+    src = real["draft_f16"]
+    r = quantize(src, "--type", "Q8_0,Q4_0", "--name", "mine")
+    assert r.exit_code == 2 and "--name names one output" in r.output
+    r = quantize(src, "--type", "Q4_0", "--name", "mine", "-t", 1)
+    assert r.exit_code == 0, r.output
+    assert user_models()["mine"]["quant_type"] == "Q4_0"
+    # a name taken by another model (a built-in one here) is refused before anything is written
+    builtin = next(n for n, e in load_catalog().models.items() if not e.user)
+    r = quantize(src, "--type", "Q8_0", "--name", builtin)
+    assert r.exit_code == 2 and "a different model is already named" in r.output
+    assert not (paths.models_dir() / f"{builtin}.gguf").exists()
