@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,15 +33,8 @@ from easd_local.engine.config import DecodeConfig  # noqa: E402
 from easd_local.engine.pair import load_pair  # noqa: E402
 from easd_local.engine.runtime import LoadOptions, Model  # noqa: E402
 
-
-def _tiny_pair() -> tuple[Path, Path]:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_tiny_pair", Path(__file__).with_name("make_tiny_pair.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    paths = mod.write_tiny_models(Path(tempfile.mkdtemp(prefix="easd-tiny-")))
-    return paths["draft"], paths["target"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_modes import tiny_pair  # noqa: E402  (the one writer of a temporary tiny pair)
 
 
 class Replay:
@@ -72,7 +64,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    draft, target = _tiny_pair()
+    draft, target = tiny_pair()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     pair = load_pair(draft, target, LoadOptions(n_ctx=2048))
     prompts = [pair.target.vocab.chat_tokens(build_messages(p.question))
