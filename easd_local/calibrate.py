@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from . import figures
 from .store import profiles
 from .engine import rules
 from .engine.decoding import fits_context
@@ -374,18 +375,10 @@ def write_trace(path: str | Path, trace: Trace) -> None:
 
 def plot_png(trace: Trace, path: str | Path, taus: tuple[float, float] | None = None, title: str = "") -> Path:
     """Histograms of both entropies (and the chosen thresholds) to a PNG; ConfigError when
-    matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError(
-            "--png needs matplotlib, which is not installed: pip install 'easd-local[plot]' (or matplotlib)"
-        ) from None
+    matplotlib is not installed or the file cannot be written."""
     edges, _, _ = histogram(trace.h_draft, trace.h_target, bins=40)
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    fig = figures.new_figure("--png", figsize=(8, 4.5), dpi=120)
+    ax = fig.subplots()
     ax.hist(trace.h_draft, bins=edges, alpha=0.55, label="draft H_d", color="tab:blue")
     ax.hist(trace.h_target, bins=edges, alpha=0.55, label="target H_t", color="tab:orange")
     if taus is not None:
@@ -397,8 +390,4 @@ def plot_png(trace: Trace, path: str | Path, taus: tuple[float, float] | None = 
     ax.set_title(title or f"entropy over {trace.positions} positions, {trace.n_questions} questions")
     ax.legend()
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return figures.save(fig, path)

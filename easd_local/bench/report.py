@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .. import figures
 from ..errors import ConfigError
 from ..jsonsafe import jsonl_lines
 from ..engine.decoding import Stats
@@ -686,10 +687,7 @@ def plot(summaries: list[GroupSummary], path: str | Path) -> Path:
     per (method, pair); under it, where any method gates, accuracy against EASD fires per
     100 tokens (a method that cannot fire sits at 0). Needs matplotlib (the ``plot``
     extra). Returns the written path."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ConfigError("plotting needs matplotlib: pip install 'easd-local[plot]'") from None
+    figures.require("--plot")
     if not summaries:
         raise ConfigError("nothing to plot: the results hold no rows")
     out = Path(path).expanduser()
@@ -702,7 +700,7 @@ def plot(summaries: list[GroupSummary], path: str | Path) -> Path:
         panels.append(("EASD gate fires per 100 generated tokens",
                        lambda m: m.easd_fires_per_100 if m.easd_fires_per_100 is not None else 0.0))
     markers = "osD^vP*Xh<>"
-    fig = Figure(figsize=(6.0 * len(datasets), 4.5 * len(panels)), constrained_layout=True)
+    fig = figures.new_figure("--plot", figsize=(6.0 * len(datasets), 4.5 * len(panels)), constrained_layout=True)
     grid = fig.subplots(len(panels), len(datasets), squeeze=False)
     colours = [f"C{i % 10}" for i in range(len(methods))]
     for row, (xlabel, xof) in enumerate(panels):
@@ -736,8 +734,4 @@ def plot(summaries: list[GroupSummary], path: str | Path) -> Path:
             ax.set_ylim(0, 100)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="small")
-    try:
-        fig.savefig(out)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot write plot {str(out)!r}: {exc}") from None
-    return out
+    return figures.save(fig, out)

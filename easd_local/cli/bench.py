@@ -9,7 +9,6 @@ results file. The work itself is ``easd_local.bench.runner``; the tables are
 from __future__ import annotations
 
 import copy
-import importlib.util
 import time
 import typing
 from pathlib import Path
@@ -29,6 +28,7 @@ from ..engine.near_ties import ARGMAX, ARGMAX_NEAR_TIE
 from ..bench.datasets import GRADERS, PRESETS, load_dataset, preset_names
 from ..store import provenance
 from ..engine.config import MODES, DecodeConfig
+from .. import figures
 from ..errors import ConfigError
 from ..engine.runtime import fmt_bytes
 from . import options as o
@@ -207,11 +207,6 @@ def _record_verdicts(summaries, rows) -> None:
         worse = " (significantly worse: a lossless mode is this pair's default now)" if pv.verdict.significant_loss else ""
         console.print(Text(f"verdict for {pv.pair}: {pv.verdict.summary()}, {pv.verdict.wins} wins / "
                            f"{pv.verdict.losses} losses{worse} -> {path}"), soft_wrap=True)
-
-
-def _need_matplotlib(plot: Path | None) -> None:
-    if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise ConfigError("--plot needs matplotlib: pip install 'easd-local[plot]'")
 
 
 def _run(
@@ -444,7 +439,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         record_verdict: Annotated[bool, typer.Option("--record-verdict", help="Keep what each EASD mode scored against each lossless one (paired wins/losses, p) in the pair's profile: a pair where EASD is significantly worse then gets a lossless mode by default.")] = False,
     ) -> None:
         """Summarise results files (several as one): accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares. Says first when the rows come from more than one environment."""
-        _need_matplotlib(plot)
+        if plot is not None:
+            figures.require("--plot")
         names = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
         if names is not None and not names:
             raise ConfigError("--methods is empty: give method names, e.g. --methods target,easd-tf")

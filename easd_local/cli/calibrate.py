@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import calibrate as cal
+from .. import figures
 from ..engine.config import DecodeConfig
 from ..errors import ConfigError
 from ..engine.pair import open_models
@@ -139,12 +140,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         if percentile is not None and not (0.0 <= percentile <= 100.0):
             raise ConfigError(f"--percentile must be in [0, 100], got {percentile:g}")
         if png is not None:
-            try:
-                import matplotlib  # noqa: F401
-            except ImportError:
-                raise ConfigError(
-                    "--png needs matplotlib, which is not installed: pip install 'easd-local[plot]' (or matplotlib)"
-                ) from None
+            figures.require("--png")
         name, questions = cal.load_questions(dataset, question_key, limit, allow_test_split)
         topts, dopts = o.llama_options(kw)
         parallel, topts, dopts = o.parallel_options(parallel, topts, dopts)

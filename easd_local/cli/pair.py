@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .. import figures
 from ..engine.config import DecodeConfig
 from ..engine.pair import check_pair_files
 from ..engine.runtime import Model
@@ -250,7 +251,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
         # α's sampling settings are checked as decoding's are (temperature 0 allowed: greedy)
         DecodeConfig(temperature=temperature, top_k=top_k, top_p=top_p).validate()
         if plot_to is not None:
-            plot.require_matplotlib()
+            figures.require("--plot")
         topts, dopts = o.llama_options(kw)
         # the corpus is read and checked before any model is downloaded or loaded
         if from_ is not None:

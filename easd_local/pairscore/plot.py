@@ -5,30 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import ConfigError
+from .. import figures
 from .predict import GAMMAS
-
-
-def require_matplotlib() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            "--plot needs matplotlib, which is not installed: pip install 'easd-local[plot]' (or matplotlib)"
-        ) from None
 
 
 def plot_png(drafts: Sequence[dict], path: str | Path, title: str) -> Path:
     """Tokens per verify by gamma (greedy, simulated: solid; sampled, i.i.d. from α: dashed)
     and, when timed, the predicted speed-up over the target, one colour per draft."""
-    require_matplotlib()
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     timed = any("speedup_greedy_simulated" in d for d in drafts)
-    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 6, 4.5), dpi=120, squeeze=False)
+    fig = figures.new_figure("--plot", figsize=(11 if timed else 6, 4.5), dpi=120)
+    axes = fig.subplots(1, 2 if timed else 1, squeeze=False)
     ax = axes[0][0]
     gs = list(GAMMAS)
     for k, d in enumerate(drafts):
@@ -58,8 +44,4 @@ def plot_png(drafts: Sequence[dict], path: str | Path, title: str) -> Path:
         ax2.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    return figures.save(fig, path)
