@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -51,6 +52,16 @@ def describe_write_error(path: str | Path, exc: OSError) -> str:
     if exc.errno == errno.ENOSPC:
         return f"no space left on the device holding {path}"
     return f"{exc.filename or path}: {exc.strerror or exc}"
+
+
+def short_of_space(folder: str | Path, need: int) -> int | None:
+    """The free bytes in ``folder`` when fewer than ``need``; None when there is room, or
+    when the disk cannot be asked (the write then finds out for itself)."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    return free if free < need else None
 
 
 def try_lock(fh) -> bool:

@@ -147,3 +147,17 @@ def test_name_and_conflicts(real, easd_home):
     r = quantize(src, "--type", "Q8_0", "--name", builtin)
     assert r.exit_code == 2 and "a different model is already named" in r.output
     assert not (paths.models_dir() / f"{builtin}.gguf").exists()
+
+
+def test_a_disk_too_small_is_refused_before_writing(real, easd_home, monkeypatch):
+    """Too little free space: one line and exit 2 before llama.cpp writes anything, nothing
+    registered."""
+    import shutil
+
+    real_usage = shutil.disk_usage
+    src = real["draft_f16"]
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real_usage(p)._replace(free=src.stat().st_size // 2))
+    r = quantize(src, "--type", "Q8_0")
+    assert r.exit_code == 2 and "not enough free space" in r.output and "Traceback" not in r.output
+    assert not list((easd_home / "models").glob("*"))  # no output, no part file
+    assert "real-draft-q8_0" not in user_models()

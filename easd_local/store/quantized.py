@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,7 +19,7 @@ from typing import Callable
 from .. import paths
 from ..engine import quantize as q
 from ..errors import ConfigError
-from ..fsutil import try_lock
+from ..fsutil import short_of_space, try_lock
 from ..units import human_size
 from . import filehash
 from .catalog import ModelEntry, _check_name, load_catalog, local_path, register_user_model
@@ -175,10 +174,7 @@ def _check_free_space(src: Source, dest: Path) -> None:
     # the output is at most the source's size for every type but an upcast (F32 from F16):
     # ask for the source's size, twice for F32
     need = src.path.stat().st_size * (2 if dest.stem.endswith("-f32") else 1)
-    try:
-        free = shutil.disk_usage(dest.parent).free
-    except OSError:
-        return
-    if free < need:
+    free = short_of_space(dest.parent, need)
+    if free is not None:
         raise ConfigError(f"not enough free space in {dest.parent} for {dest.name}: up to {human_size(need)} needed, "
                           f"{human_size(free)} free")
