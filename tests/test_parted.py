@@ -130,3 +130,11 @@ def test_summarize_counts_kinds_gaps_and_answers():
     assert s.counts == {IDENTICAL: 1, ARGMAX: 2, REAL: 1, LENGTH: 1}
     assert s.gaps == [0.1, 0.3, 1.5] and s.max_gap == 1.5 and s.median_gap == pytest.approx(0.3)
     assert s.answers_changed == 3 and (s.wins, s.losses) == (2, 1)
+
+
+def test_parted_no_repack_is_taken_and_said(made):
+    out, _ = made
+    r = invoke("bench", "parted", out, "--method", "sd", "--no-repack")
+    assert r.exit_code == 0, r.output
+    assert "--no-repack: llama.cpp's weight repacking is off here" in r.stderr
+    assert SUMMARY.search(r.stdout)

@@ -104,3 +104,27 @@ def test_rerun_refuses_changed_or_missing_files(made):
     assert r.exit_code == 2 and "t.gguf" in r.stderr and "is not on this machine" in r.stderr
     r = invoke("bench", "rerun", out, "--qid", "gsm8k-test-00000", "--method", "sd")
     assert r.exit_code == 2 and "its methods: easd-tf, target" in r.stderr
+
+
+def test_rerun_no_repack_reaches_the_load_and_says_the_environment_differs(made):
+    """--no-repack (a CPU whose repacked kernels crash): the rerun loads without llama.cpp's
+    extra buffer types and says that this differs from the row's environment."""
+    out, _, _ = made
+    r = invoke("bench", "rerun", out, "--qid", "gsm8k-test-00000", "--method", "target", "--no-repack")
+    assert r.exit_code in (0, 1), r.output
+    assert "another environment than the row's" in r.stderr and "no_repack" in r.stderr, r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_a_no_repack_row_records_it_and_reruns_with_it(tmp_path, tiny_draft, tiny_target):
+    """bench --no-repack writes rows whose environment says no_repack, and their rerun takes
+    it from the row: no flag needed, no environment note."""
+    out = tmp_path / "nr.jsonl"
+    r = invoke("bench", "--dataset", "gsm8k", "--limit", 1, "--modes", "target", "--draft", tiny_draft, "--target",
+               tiny_target, "--max-tokens", 6, "--ctx", 512, "--threads", 1, "--no-repack", "--out", out)
+    assert r.exit_code == 0, r.output
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["provenance"]["env"]["no_repack"] is True
+    r = invoke("bench", "rerun", out, "--qid", "gsm8k-test-00000", "--method", "target")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == "identical (6 tokens)" and "another environment" not in r.stderr

@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from .prompt import build_messages
 from .report import latest_rows
 from .rerun import logits_after, plan_rerun, row_config
-from .schema import row_model_sha
+from .schema import row_env, row_model_sha
 
 IDENTICAL = "identical"
 LENGTH = "length"  # one completion is a prefix of the other (it stopped on max tokens or context)
@@ -94,7 +94,7 @@ def _check_lossless(row: dict, name: str) -> None:
 
 
 def plan_parted(rows: Sequence[dict], method: str, baseline: str = "target", pair: str | None = None, *,
-                target: Path | None = None, limit: int | None = None) -> PartedPlan:
+                target: Path | None = None, limit: int | None = None, no_repack: bool = False) -> PartedPlan:
     """Pair the two methods' rows by problem and find the target file; nothing is loaded."""
     if method == baseline:
         raise ConfigError(f"--method and --against are both {method!r}: give two methods")
@@ -126,8 +126,12 @@ def plan_parted(rows: Sequence[dict], method: str, baseline: str = "target", pai
         raise ConfigError(f"{missing} of the rows record no token ids (written before completion_tokens existed): "
                           "`bench parted` compares recorded tokens")
     # the baseline row's file and llama.cpp settings (what it was decoded with)
-    plan = plan_rerun(rows, pairs[0][1]["qid"], baseline, pair, target=target)
-    return PartedPlan(method, baseline, pairs, plan.target, plan.target_opts, list(plan.notes))
+    plan = plan_rerun(rows, pairs[0][1]["qid"], baseline, pair, target=target, no_repack=no_repack)
+    notes = list(plan.notes)
+    if no_repack and not (row_env(pairs[0][1]) or {}).get("no_repack"):
+        notes.append("--no-repack: llama.cpp's weight repacking is off here; the rows may have run with it on "
+                     "(a near-tie may then part differently)")
+    return PartedPlan(method, baseline, pairs, plan.target, plan.target_opts, notes)
 
 
 def explain(plan: PartedPlan) -> Iterator[Parting]:

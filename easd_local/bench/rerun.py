@@ -19,7 +19,7 @@ near-tie or a real difference. Nothing here prints.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -30,7 +30,7 @@ from ..engine.gate import Gate, Reading
 from ..store import filehash, provenance
 from ..engine.config import DecodeConfig
 from ..errors import ConfigError
-from ..engine.near_ties import GateState, classify, first_difference, topn_boundary_gap
+from ..engine.near_ties import GateState, classify, topn_boundary_gap
 from ..engine.pair import open_models
 from ..engine.runtime import LoadOptions, Model
 from .prompt import build_messages
@@ -180,8 +180,9 @@ def _legacy_files(row: dict, draft: Path | None, target: Path | None) -> tuple[P
 
 
 def plan_rerun(rows: Sequence[dict], qid: str, method: str, pair: str | None = None, *,
-               draft: Path | None = None, target: Path | None = None) -> RerunPlan:
-    """Pick the row and find its files; nothing is loaded."""
+               draft: Path | None = None, target: Path | None = None, no_repack: bool = False) -> RerunPlan:
+    """Pick the row and find its files; nothing is loaded. ``no_repack``: llama.cpp's extra
+    buffer types off whatever the row recorded (--no-repack, on a CPU where they crash)."""
     index, row = find_row(rows, qid, method, pair)
     cfg = row_config(row)
     need_draft, need_target = cfg.mode_info.needs_draft, cfg.mode_info.needs_target
@@ -204,6 +205,8 @@ def plan_rerun(rows: Sequence[dict], qid: str, method: str, pair: str | None = N
     else:
         topts = dopts = BENCH_DEFAULT_OPTIONS
         notes.append("the row records no environment: using bench's defaults (ctx 4096, all cores, no flash attention)")
+    if no_repack:
+        topts, dopts = replace(topts, extra_bufts=False), replace(dopts, extra_bufts=False)
     return RerunPlan(row, index + 1, cfg, d, t, topts, dopts, notes)
 
 

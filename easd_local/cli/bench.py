@@ -455,9 +455,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         pair: Annotated[Optional[str], typer.Option("--pair", help="The row's pair, when the file has several (default: the only one).")] = None,
         draft: Annotated[Optional[Path], typer.Option("--draft", help="The draft file, when it is not where this machine's hash cache or catalog knows it (default: the row's).")] = None,
         target: Annotated[Optional[Path], typer.Option("--target", help="The target file, likewise (default: the row's).")] = None,
+        no_repack: o.NoRepackOpt = False,
     ) -> None:
         """Re-run one row with the settings and model files it records (refused when a file's sha256 no longer matches) and print 'identical' or where the texts first differ and why: an argmax near-tie (logit gap), a gate near-tie (entropies near their thresholds) or a real difference. Exit 0 identical, 1 different."""
-        print_rerun(results, qid, method, pair, draft, target)
+        print_rerun(results, qid, method, pair, draft, target, no_repack)
 
 
     @bench_app.command("regrade")
@@ -479,9 +480,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         pair: Annotated[Optional[str], typer.Option("--pair", help="The rows' pair, when the file has several (default: the only one).")] = None,
         limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N problems both methods answered (default: all).")] = None,
         target: Annotated[Optional[Path], typer.Option("--target", help="The target file, when it is not where this machine's hash cache or catalog knows it (default: the rows').")] = None,
+        no_repack: o.NoRepackOpt = False,
     ) -> None:
         """For every problem two lossless greedy methods (sd, target) both answered, say whether their recorded texts are identical and, where they part, whether the first differing token was an argmax near-tie (the target's logit gap between the two tokens, evaluated again from the rows; no generation). Exit 1 when a text parts at a real difference (a defect of a lossless method)."""
-        print_parted(results, method, against, pair, limit, target)
+        print_parted(results, method, against, pair, limit, target, no_repack)
 
 
 def print_regrade(results: Path, grader: str | None, dry_run: bool) -> None:
@@ -499,9 +501,9 @@ def print_regrade(results: Path, grader: str | None, dry_run: bool) -> None:
 
 
 def print_rerun(results: Path, qid: str, method: str, pair: str | None, draft: Path | None,
-                target: Path | None) -> None:
+                target: Path | None, no_repack: bool = False) -> None:
     rows = rep.load_results(results)
-    plan = rerun_mod.plan_rerun(rows, qid, method, pair, draft=draft, target=target)
+    plan = rerun_mod.plan_rerun(rows, qid, method, pair, draft=draft, target=target, no_repack=no_repack)
     row = plan.row
     err_console.print(Text(f"rerun of {results.name} line {plan.line}: {row['qid']} · {row['method']} · pair "
                            f"{row['pair']} ({plan.cfg.mode}, {row['stats'].get('tokens', '?')} tokens recorded)"))
@@ -540,9 +542,9 @@ def print_rerun(results: Path, qid: str, method: str, pair: str | None, draft: P
 
 
 def print_parted(results: Path, method: str, against: str, pair: str | None, limit: int | None,
-                 target: Path | None) -> None:
+                 target: Path | None, no_repack: bool = False) -> None:
     rows = rep.load_results(results)
-    plan = parted_mod.plan_parted(rows, method, against, pair, target=target, limit=limit)
+    plan = parted_mod.plan_parted(rows, method, against, pair, target=target, limit=limit, no_repack=no_repack)
     n = len(plan.pairs)
     err_console.print(Text(f"{method} against {against} in {results.name}: {n} problems both answered; "
                            f"target {plan.target.name}"))

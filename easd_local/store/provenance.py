@@ -68,10 +68,10 @@ class Environment:
         d = dataclasses.asdict(self)
         for key in ("rpc", "rpc_draft", "tensor_split", "no_repack"):
             # absent when unused, so that environments without RPC keep their env_id
-            if d[key]:
-                d[key] = list(d[key])
-            else:
+            if not d[key]:
                 del d[key]
+            elif isinstance(d[key], tuple):
+                d[key] = list(d[key])
         return d
 
     @property
