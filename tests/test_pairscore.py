@@ -215,6 +215,9 @@ def test_from_sets_measured_runs_beside_the_prediction(tiny_draft, tiny_target, 
     (["--dataset", "amc23"], "has no reference solutions"),
     (["--limit", "0"], "--limit must be >= 1"),
     (["--temperature", "-1"], "temperature"),
+    (["--target-writes", "--text", "x.txt"], "--target-writes answers a dataset's questions"),
+    (["--max-tokens", "5"], "--max-tokens is the budget of the answers --target-writes generates"),
+    (["--target-writes", "--max-tokens", "0"], "--max-tokens must be >= 1"),
 ])
 def test_bad_input_is_one_line(args, says, tiny_draft, tmp_path):
     # checked before any model loads: the target named here does not exist
@@ -242,3 +245,31 @@ def test_text_file_corpus(tiny_draft, tiny_target, tmp_path):
     res = score_json("-m", tiny_target, "-md", tiny_draft, "--text", f, "--no-probe", "--ctx", "256", "--threads", "1")
     assert res["corpus"]["kind"] == "text" and res["corpus"]["texts"] >= 2
     assert res["drafts"][0]["positions"] == res["corpus"]["positions"]
+
+
+def test_target_writes_first_scores_along_benchs_target_rows(tiny_draft, tiny_target, tmp_path):
+    """--target-writes: the target answers the questions here (greedy, target alone), and the
+    score along its answers is the score along bench's target rows of the same questions: the
+    same texts, so the same positions and the same simulated SD, with no results file."""
+    out = tmp_path / "r.jsonl"
+    r = runner.invoke(app, ["bench", "--dataset", "gsm8k", "--limit", "3", "--modes", "target", "--draft",
+                            str(tiny_draft), "--target", str(tiny_target), "--max-tokens", "60", "--parallel", "1",
+                            *FAST, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    along_rows = score_json("-m", tiny_target, "-md", tiny_draft, "--from", out, "--no-probe", *FAST)
+    written = score_json("-m", tiny_target, "-md", tiny_draft, "--dataset", "gsm8k", "--target-writes", "--limit", 3,
+                         "--max-tokens", 60, "--no-probe", *FAST)
+    c = written["corpus"]
+    assert c["kind"] == "written" and c["faithful"] and c["texts"] == 3
+    assert c["positions"] == sum(len(r["completion_tokens"]) for r in rows) == along_rows["corpus"]["positions"]
+    assert any("the target wrote these 3 answers here first" in n for n in c["notes"])
+    a, b = along_rows["drafts"][0], written["drafts"][0]
+    assert a["tokens_per_verify_greedy_simulated"] == b["tokens_per_verify_greedy_simulated"]
+    assert a["greedy_agreement"] == b["greedy_agreement"]
+    assert c["target_argmax_is_text"] > 0.9  # its own greedy text, up to batch-shape near-ties
+    # the table does not call it an approximation
+    r = score("-m", tiny_target, "-md", tiny_draft, "--target-writes", "--limit", 1, "--max-tokens", 20, "--no-probe",
+              *FAST)
+    assert r.exit_code == 0, r.output
+    assert "answers the target wrote here" in r.stdout and "approximation" not in r.stdout

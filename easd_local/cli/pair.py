@@ -18,12 +18,13 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import figures
+from ..bench.runner import DEFAULT_MAX_TOKENS
 from ..engine.config import DecodeConfig
 from ..engine.pair import check_pair_files
 from ..engine.runtime import Model
 from ..errors import ConfigError
 from ..pairscore import corpus as corp
-from ..pairscore import passes, plot, summary
+from ..pairscore import passes, plot, summary, written
 from ..pairscore.predict import GAMMAS
 from ..pairscore.probe import probe
 from ..store import provenance
@@ -37,6 +38,7 @@ from .pull_ui import DownloadUI
 
 DEFAULT_LIMIT = 20
 DEFAULT_DATASET = "gsm8k"
+DEFAULT_WRITE_TOKENS = DEFAULT_MAX_TOKENS  # bench's: the answers --target-writes generates are the ones bench's target rows hold
 PROBE_TOKENS = 256  # of text after the prompt: the probe's context, a typical length
 
 DraftsOpt = Annotated[Optional[list[str]], typer.Option(
@@ -202,11 +204,19 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
         dataset: Annotated[Optional[str], typer.Option(
             "--dataset", metavar="PRESET",
             help=o.with_default("Score along a preset's reference solutions (gsm8k, math500, aime24, olympiadbench): "
-                                "an approximation, written in another style than the target's.",
+                                "an approximation, written in another style than the target's; with --target-writes, "
+                                "along the target's own answers to its questions (any preset or JSONL file).",
                                 f"{DEFAULT_DATASET} when neither --from nor --text is given"))] = None,
         text: Annotated[Optional[Path], typer.Option(
             "--text", metavar="FILE", help=o.with_default("Score along a text file (plain text, in parts of --ctx "
                                                           "tokens).", "none"))] = None,
+        target_writes: Annotated[bool, typer.Option(
+            "--target-writes", help="Let the target answer --dataset's questions first (greedy, target alone) and score "
+            "along its answers: the faithful corpus without a results file, at the cost of one target-only generation."
+        )] = False,
+        max_tokens: Annotated[Optional[int], typer.Option(
+            "--max-tokens", metavar="N", help=o.with_default("With --target-writes: tokens per answer at most.",
+                                                             f"{DEFAULT_WRITE_TOKENS}, as bench"))] = None,
         limit: Annotated[int, typer.Option("--limit", metavar="N", help="Texts to score (the first N).")] = DEFAULT_LIMIT,
         temperature: Annotated[float, typer.Option(
             "--temperature", "--temp", metavar="T", help="Temperature of α's p and q (sampled SD's acceptance); 0: α is "
@@ -240,6 +250,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
         corpora = [x for x in (from_, dataset, text) if x is not None]
         if len(corpora) > 1:
             raise ConfigError("give one corpus: --from, --dataset or --text")
+        if target_writes and (from_ is not None or text is not None):
+            raise ConfigError("--target-writes answers a dataset's questions (--dataset); it does not go with "
+                              "--from or --text")
+        if max_tokens is not None and not target_writes:
+            raise ConfigError("--max-tokens is the budget of the answers --target-writes generates; give it with "
+                              "--target-writes (--from takes each row's own)")
         if from_ is None and text is None and dataset is None:
             dataset = DEFAULT_DATASET
         if limit < 1:
@@ -258,6 +274,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
             src = corp.read_results(from_, method)
         elif text is not None:
             src = corp.read_text(text)
+        elif target_writes:
+            src = corp.read_questions(dataset, limit, DEFAULT_WRITE_TOKENS if max_tokens is None else max_tokens)
         else:
             src = corp.read_dataset(dataset, limit)
         t_path, t_label, t_entry, drafts = _models(pair, target, list(draft or []), yes)
@@ -274,7 +292,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
             dms = loaded[1:]
             base.validate(min(m.n_vocab for m in loaded))
             t_sha = file_id(t_path, t_entry).sha256
-            cp = corp.tokenize(src, tgt.vocab, limit=limit, window=min(m.n_ctx for m in loaded), target_sha=t_sha)
+            t_write = time.perf_counter()
+            if src.kind == corp.WRITTEN:
+                cp = _write(tgt, src)
+            else:
+                cp = corp.tokenize(src, tgt.vocab, limit=limit, window=min(m.n_ctx for m in loaded), target_sha=t_sha)
+            t_write = time.perf_counter() - t_write
             if not json_out:
                 for note in cp.notes:
                     err_console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
@@ -313,13 +336,13 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
             "target_path": str(t_path),
             "corpus": {"kind": cp.kind, "source": cp.source, "texts": len(ps.scored), "positions": ps.positions,
                        "skipped": [lab for lab, _ in ps.skipped], "notes": cp.notes,
-                       "faithful": cp.kind == corp.FAITHFUL,
+                       "faithful": cp.faithful,
                        "target_argmax_is_text": round(float(sum(s.target_is_text.sum() for s in ps.scored))
                                                       / max(1, ps.positions), 4)},
             "settings": {"temperature": temperature, "top_k": top_k, "top_p": top_p, "top_n": base.top_n,
                          "gamma": base.gamma, "chunk": chunk},
             "drafts": [summary.draft_summary(ps, k, infos[k], costs[k], settings, measured[k]) for k in range(len(dms))],
-            "seconds": {"pass": round(ps.seconds, 1), "pass_target": round(ps.seconds_target, 1),
+            "seconds": {"corpus": round(t_write, 1), "pass": round(ps.seconds, 1), "pass_target": round(ps.seconds_target, 1),
                         "pass_drafts": [round(x, 1) for x in ps.seconds_drafts],
                         "total": round(time.perf_counter() - t_start, 1)},
             "load_avg": {"start": load_before, "end": provenance.load_average()},
@@ -333,6 +356,23 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
             sys.stdout.write(json.dumps(res) + "\n")
             return
         _print(res, base.gamma, png)
+
+
+def _write(tgt, src):
+    with Progress(TextColumn("the target writes"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("answers · {task.fields[tokens]} tokens"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  console=err_console, transient=True, disable=not err_console.is_terminal) as prog:
+        task = prog.add_task("write", total=len(src.problems), tokens=0)
+        t0 = time.perf_counter()
+        plain = not err_console.is_terminal
+
+        def on_progress(done: int, total: int, tokens: int) -> None:
+            prog.update(task, completed=done, tokens=f"{tokens:,}")
+            if plain and (done % 5 == 0 or done == total):
+                err_console.print(f"the target writes: {done}/{total} answers, {tokens:,} tokens, "
+                                  f"{time.perf_counter() - t0:.0f} s")
+
+        return written.target_writes(tgt, src, progress=on_progress)
 
 
 def _run_pass(tgt, dms, cp, settings, chunk):

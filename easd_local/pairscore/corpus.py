@@ -1,6 +1,6 @@
 """The texts a pair is scored along, as token ids: what the target wrote (a bench file's
-rows: faithful, nothing generated), a preset's reference solutions (an approximation) or
-any text file.
+rows: faithful, nothing generated; or its greedy answers generated here first, see
+``written``), a preset's reference solutions (an approximation) or any text file.
 
 Each item is a ``prompt`` (the context, at least one token) and a ``text`` whose every
 token is scored: position j is where both models predict ``text[j]`` after
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..bench.datasets import reference_solutions
+from ..bench.datasets import PRESETS, load_dataset, reference_solutions
 from ..bench.prompt import build_messages
 from ..bench.report import load_results
 from ..bench.schema import read_number, row_model_sha
@@ -22,6 +22,7 @@ from ..engine.text import decode_input
 from ..errors import ConfigError
 
 FAITHFUL = "results"  # the corpus kinds
+WRITTEN = "written"  # the target's greedy answers, generated here: faithful too, without a results file
 REFERENCE = "dataset"
 TEXT = "text"
 
@@ -36,7 +37,7 @@ class Item:
 
 @dataclass
 class Corpus:
-    kind: str  # FAITHFUL, REFERENCE or TEXT
+    kind: str  # FAITHFUL, WRITTEN, REFERENCE or TEXT
     source: str  # what it was read from, for the reader
     items: list[Item]
     notes: list[str] = field(default_factory=list)  # what the reader must know about it
@@ -45,6 +46,12 @@ class Corpus:
     @property
     def positions(self) -> int:
         return sum(len(it.text) for it in self.items)
+
+    @property
+    def faithful(self) -> bool:
+        """Whether the texts are what the target wrote (a results file's rows, or answers
+        written here): greedy SD's blocks are then simulated along the text greedy sd writes."""
+        return self.kind in (FAITHFUL, WRITTEN)
 
 
 def _row_order(row: dict) -> tuple:
@@ -63,6 +70,8 @@ class Source:
     method: str = "target"
     solutions: list = field(default_factory=list)  # REFERENCE: [(problem, solution)]
     text: str = ""  # TEXT
+    problems: list = field(default_factory=list)  # WRITTEN: the questions the target answers
+    max_tokens: int = 0  # WRITTEN: its budget per answer
 
 
 def read_results(path: str | Path, method: str = "target") -> Source:
@@ -78,6 +87,17 @@ def read_results(path: str | Path, method: str = "target") -> Source:
 
 def read_dataset(name: str, limit: int | None = None) -> Source:
     return Source(REFERENCE, name, solutions=reference_solutions(name, limit=limit))
+
+
+def read_questions(name: str, limit: int | None, max_tokens: int) -> Source:
+    """A dataset's questions, for the target to answer first (any preset or JSONL file that
+    ``bench --dataset`` reads: no reference solutions needed)."""
+    if max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be >= 1, got {max_tokens}")
+    problems = load_dataset(name, limit=limit)
+    if not problems:
+        raise ConfigError(f"--dataset {name}: no questions")
+    return Source(WRITTEN, Path(name).name if name not in PRESETS else name, problems=problems, max_tokens=max_tokens)
 
 
 def read_text(path: str | Path) -> Source:
