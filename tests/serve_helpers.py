@@ -66,6 +66,28 @@ class ServerProc:
         return self.output()
 
 
+def start_tiny(draft: Path, target: Path, tmp: Path, *flags: str, env: dict | None = None) -> ServerProc:
+    """`serve` on a pair with its own home under ``tmp`` and no API key unless ``env`` gives
+    one, once /health says it is ready."""
+    srv = ServerProc(["--draft", str(draft), "--target", str(target), *flags], tmp / "server.log",
+                     env={"EASD_LOCAL_HOME": str(tmp / "home"), "EASD_LOCAL_API_KEY": None, **(env or {})})
+    srv.wait_ready()
+    return srv
+
+
+def stop_clean(srv: ServerProc) -> str:
+    """Stop the server; what it printed, which must hold no traceback."""
+    out = srv.stop()
+    assert "Traceback" not in out, out
+    return out
+
+
+def openai_client(srv: ServerProc, api_key: str = "unused", **kw):
+    import openai
+
+    return openai.OpenAI(base_url=srv.base + "/v1", api_key=api_key, max_retries=0, **{"timeout": 120, **kw})
+
+
 def http(method: str, url: str, body=None, headers: dict | None = None, raw: bytes | None = None,
          timeout: float = 60.0) -> tuple[int, dict, object]:
     """(status, headers with lower-case names, decoded JSON or text) of one request; HTTP errors are

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import openai
 import pytest
-from serve_helpers import ServerProc, http, metric_values
+from serve_helpers import http, metric_values, openai_client, start_tiny, stop_clean
 
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import generate_all
@@ -30,14 +30,10 @@ PROMPTS = ["Tell me a story", "hello there", "What is 2+2?", "abc def", "Write a
 
 @pytest.fixture(scope="module")
 def server(tiny_draft, tiny_target, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve")
-    srv = ServerProc(["--draft", str(tiny_draft), "--target", str(tiny_target), "--mode", "sd", "--ctx", str(CTX),
-                      "--threads", "1", "--parallel", "4", "--max-body", str(MAX_BODY)],
-                     tmp / "server.log", env={"EASD_LOCAL_HOME": str(tmp / "home"), "EASD_LOCAL_API_KEY": None})
-    srv.wait_ready()
+    srv = start_tiny(tiny_draft, tiny_target, tmp_path_factory.mktemp("serve"), "--mode", "sd", "--ctx", str(CTX),
+                     "--threads", "1", "--parallel", "4", "--max-body", str(MAX_BODY))
     yield srv
-    out = srv.stop()
-    assert "Traceback" not in out, out
+    stop_clean(srv)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +43,7 @@ def model_name(tiny_draft, tiny_target):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 def _check_timings(t: dict, n_tokens: int, mode: str = "sd") -> None:

@@ -10,7 +10,7 @@ import time
 import openai
 import pytest
 import uvicorn
-from serve_helpers import EXE, ServerProc, http
+from serve_helpers import EXE, http, start_tiny, stop_clean
 
 from easd_local.cli.serve import is_loopback, listen_socket
 from easd_local.engine.config import DecodeConfig
@@ -24,15 +24,11 @@ KEY = "s3cret-key"
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_draft, tiny_target, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve-key")
     # the key through the environment variable (the flag is the same option)
-    srv = ServerProc(["--draft", str(tiny_draft), "--target", str(tiny_target), "--mode", "target", "--ctx", "256",
-                      "--threads", "1"], tmp / "server.log",
-                     env={"EASD_LOCAL_HOME": str(tmp / "home"), "EASD_LOCAL_API_KEY": KEY})
-    srv.wait_ready()
+    srv = start_tiny(tiny_draft, tiny_target, tmp_path_factory.mktemp("serve-key"), "--mode", "target", "--ctx", "256",
+                     "--threads", "1", env={"EASD_LOCAL_API_KEY": KEY})
     yield srv
-    out = srv.stop()
-    assert "Traceback" not in out, out
+    stop_clean(srv)
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/metrics"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
-from serve_helpers import ServerProc, http, metric_values
+from serve_helpers import http, metric_values, openai_client, start_tiny, stop_clean
 
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import generate_all
@@ -29,24 +29,20 @@ TIE = 1e-2  # logits: a target top-2 gap this small is an argmax near-tie
 
 
 def _server(tiny_draft, tiny_target, tmp, *extra):
-    srv = ServerProc(["--draft", str(tiny_draft), "--target", str(tiny_target), "--mode", "sd", "--ctx", str(CTX),
-                      "--threads", "1", "--parallel", "2", *extra],
-                     tmp / "server.log", env={"EASD_LOCAL_HOME": str(tmp / "home"), "EASD_LOCAL_API_KEY": None})
-    srv.wait_ready()
-    return srv
+    return start_tiny(tiny_draft, tiny_target, tmp, "--mode", "sd", "--ctx", str(CTX), "--threads", "1",
+                      "--parallel", "2", *extra)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_draft, tiny_target, tmp_path_factory):
     srv = _server(tiny_draft, tiny_target, tmp_path_factory.mktemp("serve_cache"))
     yield srv
-    out = srv.stop()
-    assert "Traceback" not in out, out
+    stop_clean(srv)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +151,7 @@ def test_no_cache_prompt_flag(tiny_draft, tiny_target, tmp_path, ref_pair):
     srv = _server(tiny_draft, tiny_target, tmp_path, "--no-cache-prompt")
     try:
         assert "prompt cache off" in srv.output()
-        cl = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        cl = openai_client(srv)
         name = f"{tiny_draft.stem}+{tiny_target.stem}"
         msgs = [SYSTEM, {"role": "user", "content": QUESTION}]
         texts = {}

@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import openai
 import pytest
-from browser_helpers import chrome, find_browser, set_field, wait
-from serve_helpers import ServerProc, http, metric_values
+from browser_helpers import chrome, find_browser, wait
+from serve_helpers import ServerProc, http, metric_values, openai_client, start_tiny, stop_clean
 
 from easd_local.engine.decoding import ORIGINS
 from easd_local.engine.modes import MODES
@@ -35,24 +34,19 @@ needs_browser = pytest.mark.skipif(bool(NO_BROWSER), reason=NO_BROWSER or "")
 
 
 def start(tiny_draft, tiny_target, tmp, *extra, env=None) -> ServerProc:
-    srv = ServerProc(["--draft", str(tiny_draft), "--target", str(tiny_target), *SERVER_FLAGS, *extra],
-                     tmp / "server.log", env={"EASD_LOCAL_HOME": str(tmp / "home"), "EASD_LOCAL_API_KEY": None,
-                                              **(env or {})})
-    srv.wait_ready()
-    return srv
+    return start_tiny(tiny_draft, tiny_target, tmp, *SERVER_FLAGS, *extra, env=env)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_draft, tiny_target, tmp_path_factory):
     srv = start(tiny_draft, tiny_target, tmp_path_factory.mktemp("webui"))
     yield srv
-    out = srv.stop()
-    assert "Traceback" not in out, out
+    stop_clean(srv)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 @pytest.fixture
