@@ -23,6 +23,17 @@ LAUNCHER = ("import sys; from easd_local.__main__ import main; from easd_local.i
             "exit_on_interrupt(); sys.stderr.write('>'); sys.stderr.flush(); main()")
 
 
+@pytest.fixture(autouse=True)
+def python_handles_sigint():
+    """Python's own SIGINT handler in this process, as in a terminal. A shell starts a
+    background job (``cmd &``) with SIGINT ignored, and Python then installs no handler: the
+    SIGINT these tests send themselves would be lost, and their children would start ignoring
+    it too."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _interrupt_after(args: list[str], delay: float, stdin=subprocess.DEVNULL) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     p = subprocess.Popen([sys.executable, "-c", LAUNCHER, *args], stdin=stdin, stdout=subprocess.DEVNULL,
