@@ -4,6 +4,7 @@ precedence flag > user profile > catalog profile > default through resolve_confi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -199,6 +200,7 @@ def test_no_hashing_without_a_candidate_profile(home, monkeypatch, tiny_draft, t
 
 
 # ------------------------------------------------------------------------------ end to end
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
 
 def test_calibrate_end_to_end_then_generate_uses_profile(cli, home, tmp_path, tiny_draft, tiny_target):
@@ -246,11 +248,14 @@ def test_calibrate_end_to_end_then_generate_uses_profile(cli, home, tmp_path, ti
 def test_calibrate_tables(cli, tmp_path, tiny_draft, tiny_target):
     ds = tmp_path / "q.jsonl"
     ds.write_text('{"question": "Count to five."}\n')
+    png = tmp_path / "figs" / "h.png"
     r = cli("calibrate", "--draft", tiny_draft, "--target", tiny_target, "--dataset", ds, "--limit", 1,
-            "--max-tokens", 8, "--threads", 1, "--ctx", 512)
+            "--max-tokens", 8, "--threads", 1, "--ctx", 512, *(["--png", png] if HAVE_MPL else []))
     assert r.exit_code == 0, r.output
     for text in ("p50", "p99", "H_draft", "H_target", "overlap", "5/5", "histogram", "no profile written"):
         assert text in r.stdout
+    if HAVE_MPL:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and [p.name for p in png.parent.iterdir()] == ["h.png"]
 
 
 def test_collect_in_parallel_equals_one_at_a_time(tiny_draft, tiny_target):
