@@ -37,7 +37,9 @@ unrelated single-question requests from a second client: one after each turn
 runs (``--interleave concurrent``). Printed per turn and server: time to first token (as the
 client sees it), ``cache_n`` / ``prompt_n`` from ``timings``, and each server's last / first
 turn TTFT ratio and aggregate tokens/s (every completion token of both clients / wall time).
-``--cache-off-baseline`` adds a third run: easd-local with ``--no-cache-prompt``.
+``--cache-off-baseline`` adds a run of easd-local with ``--no-cache-prompt``,
+``--cache-ram-off-baseline`` one with ``--cache-ram 0`` (the slots' cache only: with
+``--parallel 1`` every unrelated request then takes the conversation's cells).
 
 Usage::
 
@@ -349,8 +351,11 @@ def run_multi_turn(a, model_args: list[str], extra: list[str], exe, draft, targe
             systems = [] if a.no_ours else [("easd-local", False)]
             if a.cache_off_baseline and not a.no_ours:
                 systems.append(("easd-local cache off", True))
+            if a.cache_ram_off_baseline and not a.no_ours:
+                systems.append(("easd-local --cache-ram 0", "ram"))
             for name, off in systems:
-                flags = extra + (["--no-cache-prompt"] if off else [])
+                flags = extra + {True: ["--no-cache-prompt"], "ram": ["--cache-ram", "0"]}.get(off, [])
+                off = off is True
                 server = ours(model_args, par, flags, a.log_dir / f"bench_serve_mt_p{par}_{mode}.log")
                 try:
                     rows.append(conversation(server.base, name, par, mode, a, cache_off=off))
@@ -406,6 +411,8 @@ def main() -> None:
     ap.add_argument("--interleave", choices=("between", "concurrent"), default="between",
                     help="multi-turn: the second client's unrelated requests come one after each turn, or "
                          "back to back from another thread")
+    ap.add_argument("--cache-ram-off-baseline", action="store_true",
+                    help="multi-turn: also run easd-local with --cache-ram 0 (slots only, no host-memory store)")
     ap.add_argument("--cache-off-baseline", action="store_true",
                     help="multi-turn: also run easd-local with --no-cache-prompt")
     bench_speed.add_build_options(ap, "skip llama-server if it is not built")

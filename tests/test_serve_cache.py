@@ -235,3 +235,37 @@ def test_bench_serve_multi_turn_mode(tiny_draft, tiny_target, tmp_path):
         assert turn["cache_n"] >= prev["prompt_tokens"] and turn["cache_n"] + turn["prompt_n"] == turn["prompt_tokens"]
     assert all(t["cache_n"] == 0 for t in off["turns"])
     assert len(on["unrelated"]) == 3 and "last/first" in r.stdout
+
+
+@pytest.mark.parametrize("cache_ram", ["64", "0"])
+def test_cache_ram_gives_a_conversation_its_prompt_back(tiny_draft, tiny_target, tmp_path, model_name, cache_ram):
+    """One slot, two conversations taking turns (more conversations than slots, as behind a
+    web front-end): with --cache-ram each turn's history comes back from host memory
+    (cache_n covers the previous turn; /metrics counts what was loaded back); with
+    --cache-ram 0 every turn evaluates its history again."""
+    srv = _server(tiny_draft, tiny_target, tmp_path, "--parallel", "1", "--cache-ram", cache_ram)
+    try:
+        cl = openai_client(srv)
+        # each history more than twice the system prompt they share: the other's request
+        # discards most of the slot's cells, which is when they are saved (llama-server's rule)
+        convs = [[SYSTEM, {"role": "user", "content": q}]
+                 for q in (QUESTION, "Name three colours, then explain why the sky looks blue at noon and red at dusk.")]
+        seen = []
+        for turn in range(2):
+            for c in convs:
+                r, t = _chat(cl, model_name, c)
+                assert t["cache_n"] + t["prompt_n"] == r.usage.prompt_tokens
+                seen.append((turn, r.usage.prompt_tokens, t["cache_n"]))
+                c += [{"role": "assistant", "content": r.choices[0].message.content},
+                      {"role": "user", "content": "And then?"}]
+        first = {i: n for i, (turn, n, _) in enumerate(seen) if turn == 0}
+        second = [cache_n for turn, _, cache_n in seen if turn == 1]
+        restored = _total(_metrics(srv), "easd_prompt_cache_ram_restored_tokens")
+        if cache_ram != "0":
+            assert second[0] >= first[0] and second[1] >= first[1], seen
+            assert restored >= first[0] + first[1]
+        else:
+            assert all(cache_n < first[0] // 2 for cache_n in second), seen
+            assert restored == 0
+    finally:
+        stop_clean(srv)

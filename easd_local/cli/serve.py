@@ -11,6 +11,7 @@ import typer
 
 from ..store import provenance
 from ..engine.config import DecodeConfig
+from ..engine.prompt_store import DEFAULT_CACHE_RAM_MIB
 from ..errors import ConfigError, EasdError
 from ..engine.pair import open_models
 from . import options as o
@@ -64,6 +65,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         slot_similarity: Annotated[float, typer.Option("--slot-prompt-similarity", help="Send a request to the idle "
                                    "slot sharing the longest prefix with it when that prefix is more than this share "
                                    "of the prompt (0: always the least recently used slot).")] = 0.1,
+        cache_ram: Annotated[int, typer.Option("--cache-ram", "-cram", metavar="MiB", help="Host memory for "
+                             "prompts whose slot another request takes: saved before their cells are discarded, "
+                             "loaded back when their conversation returns (llama-server's --cache-ram; 0: off).")
+                             ] = DEFAULT_CACHE_RAM_MIB,
         **kw,
     ) -> None:
         """Serve the pair over an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
@@ -87,6 +92,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             raise ConfigError(f"--port must be in 0..65535, got {port}")
         if max_body < 1024:
             raise ConfigError(f"--max-body must be >= 1024 bytes, got {max_body}")
+        if cache_ram < 0:
+            raise ConfigError(f"--cache-ram must be >= 0 (MiB; 0: off), got {cache_ram}")
         if not 0.0 <= slot_similarity <= 1.0:
             raise ConfigError(f"--slot-prompt-similarity must be between 0 and 1, got {slot_similarity}")
         if api_key is not None and not api_key.strip():
@@ -97,11 +104,11 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         spec, cfg, source, why = o.pair_and_config(kw, flags, DecodeConfig())
         sock = listen_socket(host, port)
         _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host, webui,
-             cache_prompt=cache_prompt, slot_similarity=slot_similarity)
+             cache_prompt=cache_prompt, slot_similarity=slot_similarity, cache_ram=cache_ram)
 
 
 def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host,
-         webui=True, cache_prompt=True, slot_similarity=0.1) -> None:
+         webui=True, cache_prompt=True, slot_similarity=0.1, cache_ram=0) -> None:
     import uvicorn
 
     from ..server.app import ServeConfig, create_app
@@ -121,7 +128,7 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
 
     engine = Engine(lambda: open_models(spec.draft, spec.target, topts, dopts), parallel, queue,
                     on_load_failed=on_load_failed, on_loaded=on_loaded, cache_prompt=cache_prompt,
-                    slot_similarity=slot_similarity)
+                    slot_similarity=slot_similarity, cache_ram=cache_ram << 20)
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
                                          api_key=api_key, max_body=max_body, webui=webui))
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
@@ -130,7 +137,9 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     err_console.print(f"easd-local serve · {spec.label} · mode {cfg.mode}{f' (auto: {why})' if why else ''} · "
-                      f"--parallel {parallel} · prompt cache {'on' if cache_prompt else 'off'} · thresholds: {source}")
+                      f"--parallel {parallel} · prompt cache "
+                      f"{(f'on (+ {cache_ram} MiB host memory)' if cache_ram else 'on') if cache_prompt else 'off'} · "
+                      f"thresholds: {source}")
     if cfg.gate_enabled:
         err_console.print("note: EASD is not lossless: its gate lets the target re-pick tokens SD would keep")
     if not is_loopback(host) and api_key is None:

@@ -366,6 +366,28 @@ class Model(ModelFile):
         """Empty sequence ``seq`` only."""
         self.rollback(0, seq)
 
+    def save_seq(self, seq: int) -> tuple[list[int], ctypes.Array]:
+        """Sequence ``seq``'s tokens and its KV cells as llama.cpp serializes them (host
+        memory, for ``load_seq`` into any sequence later)."""
+        n = int(_ll.llama_state_seq_get_size(self._ctx, seq))
+        buf = (ctypes.c_uint8 * n)()
+        got = int(_ll.llama_state_seq_get_data(self._ctx, buf, n, seq)) if n else 0
+        if got != n:
+            raise RuntimeFailure(f"{self.path.name}: llama.cpp saved {got} of {n} bytes of sequence {seq}")
+        return list(self._seqs[seq]), buf
+
+    def load_seq(self, seq: int, tokens: Sequence[int], data: ctypes.Array) -> bool:
+        """Sequence ``seq`` := what ``save_seq`` saved. False (and the sequence empty) when
+        llama.cpp cannot place it (no free cells)."""
+        self.reset_seq(seq)
+        if not tokens:
+            return True
+        if int(_ll.llama_state_seq_set_data(self._ctx, data, len(data), seq)) == 0:
+            self._seq_rm(seq, 0)
+            return False
+        self._seqs[seq][:] = tokens
+        return True
+
     def common_prefix(self, tokens: Sequence[int], start: int = 0, seq: int = 0) -> int:
         """Length of the longest common prefix of sequence ``seq``'s cache and ``tokens``;
         the caller may vouch that the first ``start`` tokens already agree."""

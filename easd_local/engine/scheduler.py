@@ -51,6 +51,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .prompt_store import PromptStore
 from .prompt_cache import DEFAULT_SIMILARITY, SlotView, pick_slot
 from .config import DecodeConfig
 from .events import Finished, TokenEvent, fits_context
@@ -113,7 +114,8 @@ class Scheduler:
     ``prompt_cache.pick_slot`` with ``slot_similarity``); ``cancel`` clears them unless told
     to keep them, a failure clears them."""
 
-    def __init__(self, pair: Pair, n_parallel: int, slot_similarity: float = DEFAULT_SIMILARITY) -> None:
+    def __init__(self, pair: Pair, n_parallel: int, slot_similarity: float = DEFAULT_SIMILARITY,
+                 cache_ram: int = 0) -> None:
         if n_parallel < 1:
             raise ConfigError(f"--parallel must be >= 1, got {n_parallel}")
         for m in (pair.target, pair.draft):
@@ -136,6 +138,7 @@ class Scheduler:
         self._new: list[_Seq] = []
         self._next_rid = 0
         self._steps = {mode: cls(pair.target, pair.draft) for mode, cls in STEPS.items()}
+        self.store = PromptStore(cache_ram) if cache_ram > 0 else None  # bytes; 0: no host-memory cache
 
     # ------------------------------------------------------------------ admission
     def free_slots(self) -> int:
@@ -311,6 +314,10 @@ class Scheduler:
         for s in new:
             prompt = s.req.prompt
             info = s.cfg.mode_info
+            if self.store is not None and self.store.swap(
+                    (self.target, self.draft), 0 if info.needs_target else 1, s.slot, prompt[:-1],
+                    slot_scope=self._scope[s.slot], scope=s.req.cache_scope, reuse=s.req.reuse_cache):
+                self._scope[s.slot] = s.req.cache_scope
             if not s.req.reuse_cache or self._scope[s.slot] != s.req.cache_scope:
                 for m in (self.target, self.draft):
                     if m is not None:

@@ -73,10 +73,11 @@ class Engine:
     def __init__(self, load: Callable[[], Pair], n_parallel: int, queue_size: int,
                  metrics: Metrics | None = None, on_load_failed: Callable[[BaseException], None] | None = None,
                  on_loaded: Callable[[Pair], dict | None] | None = None, cache_prompt: bool = True,
-                 slot_similarity: float = DEFAULT_SIMILARITY):
+                 slot_similarity: float = DEFAULT_SIMILARITY, cache_ram: int = 0):
         self._load = load
         self.cache_prompt = cache_prompt
         self.slot_similarity = slot_similarity
+        self.cache_ram = cache_ram  # bytes of host memory for prompts that left their slot (0: none)
         # called in the engine thread once the models are loaded, before the server is ready;
         # what it returns (the provenance of the server's results) is kept in ``provenance``
         self._on_loaded = on_loaded
@@ -151,7 +152,8 @@ class Engine:
     def _main(self) -> None:
         try:
             self.pair = self._load()
-            self._sched = Scheduler(self.pair, self._n_parallel, self.slot_similarity)
+            self._sched = Scheduler(self.pair, self._n_parallel, self.slot_similarity,
+                                    self.cache_ram if self.cache_prompt else 0)
             if self._on_loaded is not None:
                 self.provenance = self._on_loaded(self.pair)
         except BaseException as e:  # noqa: BLE001 - reported by whoever started the server
@@ -250,6 +252,8 @@ class Engine:
             job = self._running.get(p.rid)
             if job is not None:
                 self.metrics.prompt(job.mode, p.cached, p.evaluated)
+        if sched.store is not None:
+            self.metrics.cache_ram(sched.store)
         for rid, ev in events:
             job = self._running.get(rid)
             if job is None:

@@ -42,6 +42,12 @@ class Metrics:
         self.processing = Gauge("easd_requests_processing", "Requests holding a decoding slot.", registry=r)
         self.waiting = Gauge("easd_requests_waiting", "Requests queued for a slot.", registry=r)
         self.slots = Gauge("easd_slots", "Decoding slots (--parallel as the engine provides it).", registry=r)
+        self.ram_bytes = Gauge("easd_prompt_cache_ram_bytes", "Host memory holding prompts saved from their "
+                               "slots (--cache-ram).", registry=r)
+        self.ram_entries = Gauge("easd_prompt_cache_ram_entries", "Prompts saved in host memory.", registry=r)
+        self.ram_restored = Gauge("easd_prompt_cache_ram_restored_tokens", "Prompt tokens loaded back "
+                                  "from host memory into a slot (counted in easd_prompt_cached_tokens too).",
+                                  registry=r)
 
     def token(self, mode: str, ev: TokenEvent) -> None:
         self.generated.labels(mode).inc()
@@ -53,6 +59,11 @@ class Metrics:
     def prompt(self, mode: str, cached: int, evaluated: int) -> None:
         self.prompt_cached.labels(mode).inc(cached)
         self.prompt_evaluated.labels(mode).inc(evaluated)
+
+    def cache_ram(self, store) -> None:
+        self.ram_bytes.set(store.bytes)
+        self.ram_entries.set(len(store))
+        self.ram_restored.set(store.restored_tokens)
 
     def finished(self, stats: Stats) -> None:
         self.drafted.labels(stats.mode).inc(stats.drafted)
