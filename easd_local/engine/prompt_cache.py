@@ -7,14 +7,13 @@ rest. With several slots the choice of slot decides what is reused, and what is 
 The rule is llama-server's (``get_available_slot``): the idle slot whose cached tokens share
 the longest prefix with the prompt, if that prefix is more than ``similarity`` of the prompt
 (its ``--slot-prompt-similarity``, default 0.1; 0 turns the search off); otherwise the least
-recently used idle slot (an empty one first). One addition: llama-server saves a slot's
-cells to a host-memory store before a request throws most of them away (it keeps < 50 %) and
-can restore them later; easd-local has no such store, so a slot is only chosen by prefix when
-the request keeps at least half of its cached tokens, or finds its whole prompt there (a
+recently used idle slot (an empty one first). One addition: a slot is only chosen by prefix
+when the request keeps at least half of its cached tokens, or finds its whole prompt there (a
 retry or a regenerated reply: what it discards is the reply it replaces). Without this, an
 unrelated request that shares only the chat template's system prompt with a long
-conversation would take that conversation's slot and discard its cache (and the
-conversation's next turn would then re-evaluate everything), although another slot was idle.
+conversation would take that conversation's slot and discard its cache although another slot
+was idle. (What a request does discard goes to the host-memory store, ``prompt_store``, when
+the server has one; a slot left alone costs nothing to get back.)
 
 A slot's cells are only reused by a request of the same ``scope`` (one per API key, were
 there several): a cached prefix must not leak between keys, even as a faster first token.
