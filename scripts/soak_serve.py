@@ -27,8 +27,9 @@ warm-up: after them the clients stop until every slot is idle, and the server's 
 Printed: requests by outcome (2xx, 4xx by code, 503 queue full, client disconnects, other
 5xx and streams that ended in an error event: the failures), the slots busy at the end (from
 ``/metrics``, after waiting up to 60 s for cancellations to land), the server's RSS at start,
-after warm-up and at the end, the prompt tokens the cache reused and evaluated
-(``/metrics``), answers whose ``timings`` do not add up (``cache_n + prompt_n`` must be the
+after warm-up and at the end, the host-memory prompt store's bytes then (``--cache-ram``: it
+grows by design up to its budget, so the leak check is the RSS less the store), the prompt
+tokens the cache reused and evaluated (``/metrics``), answers whose ``timings`` do not add up (``cache_n + prompt_n`` must be the
 prompt's tokens), and whether the server is still alive. Exit status 1 if any 5xx, a busy
 slot, a dead server or an inconsistent answer, else 0. ``--json`` writes the same as JSON.
 
@@ -355,6 +356,7 @@ def main() -> int:
         sent = run_phase(host, port, plans[:warmup], a, t_stop, outcomes, examples)
         wait_idle(host, port)
         rep["rss_after_warmup"] = tree_rss(server.proc.pid)
+        rep["store_after_warmup"] = metrics(host, port).get("easd_prompt_cache_ram_bytes", 0.0)
         sent += run_phase(host, port, plans[warmup:], a, t_stop, outcomes, examples)
         rep["wall_s"] = round(time.monotonic() - t0, 1)
         t_idle = time.monotonic()
@@ -362,6 +364,9 @@ def main() -> int:
         rep["idle_after_s"] = round(time.monotonic() - t_idle, 1)
         rep["rss_end"] = tree_rss(server.proc.pid)
         m = metrics(host, port)
+        rep["store_end"] = m.get("easd_prompt_cache_ram_bytes", 0.0)
+        rep["store_entries_end"] = m.get("easd_prompt_cache_ram_entries", 0.0)
+        rep["store_restored_tokens"] = m.get("easd_prompt_cache_ram_restored_tokens", 0.0)
         rep.update(sent=sent, slots_busy_end=busy, waiting_end=waiting, slots=m.get("easd_slots"),
                    prompt_cached_tokens=m.get("easd_prompt_cached_tokens_total", 0.0),
                    prompt_evaluated_tokens=m.get("easd_prompt_evaluated_tokens_total", 0.0),
@@ -375,6 +380,11 @@ def main() -> int:
     rep["failure_examples"] = examples
     rep["load_end"] = os.getloadavg()
     rep["rss_end_vs_warmup"] = rep["rss_end"] / rep["rss_after_warmup"] - 1 if rep.get("rss_after_warmup") else None
+    # the host-memory prompt store (--cache-ram) grows by design up to its budget: the leak
+    # check is the memory outside it
+    if rep.get("rss_after_warmup"):
+        rep["rss_less_store_end_vs_warmup"] = ((rep["rss_end"] - rep["store_end"])
+                                               / (rep["rss_after_warmup"] - rep["store_after_warmup"]) - 1)
     ok = (not any(rep["failures"].values()) and rep["slots_busy_end"] == 0 and rep["alive"]
           and rep["health"] == 200 and rep["server_log_tracebacks"] == 0)
     rep["ok"] = ok
@@ -389,6 +399,10 @@ def main() -> int:
           f"idle {rep['idle_after_s']} s after the last request)   server alive: {rep['alive']} (/health {rep['health']})")
     print(f"RSS: start {rep['rss_start'] / mib:.0f} MiB, after warm-up {rep['rss_after_warmup'] / mib:.0f} MiB, "
           f"end {rep['rss_end'] / mib:.0f} MiB ({100 * rep['rss_end_vs_warmup']:+.1f} % vs after warm-up)")
+    print(f"host-memory prompt store (--cache-ram): {rep['store_after_warmup'] / mib:.0f} MiB after warm-up, "
+          f"{rep['store_end'] / mib:.0f} MiB in {rep['store_entries_end']:.0f} prompts at the end, "
+          f"{rep['store_restored_tokens']:.0f} tokens loaded back; RSS less the store: "
+          f"{100 * rep['rss_less_store_end_vs_warmup']:+.1f} % vs after warm-up")
     print(f"prompt tokens reused by the cache {rep['prompt_cached_tokens']:.0f}, evaluated "
           f"{rep['prompt_evaluated_tokens']:.0f}; generated {rep['generated_tokens']:.0f}")
     if examples:

@@ -216,6 +216,8 @@ def test_short_soak(tiny_draft, tiny_target, tmp_path):
     assert got.get("4xx:400:context_length_exceeded", 0) >= 1 and got.get("4xx:404", 0) >= 1
     assert rep["prompt_cached_tokens"] > 0 and rep["rss_end"] > 0
     assert "slots busy at the end: 0 of 2" in r.stdout
+    # conversations outnumber the slots: the host-memory store holds some and gave some back
+    assert rep["store_end"] > 0 and rep["store_restored_tokens"] > 0 and "RSS less the store" in r.stdout
 
 
 def test_bench_serve_multi_turn_mode(tiny_draft, tiny_target, tmp_path):
