@@ -169,3 +169,23 @@ def test_store_unit_all_or_nothing():
     t.seq[0], d.seq[0] = [9], [9]  # the request that took the slot
     assert not store.swap((t, d), 0, 0, [1, 2, 3, 4, 5], slot_scope="", scope="", reuse=True)
     assert t.seq[0] == [] and d.seq[0] == []
+
+
+def test_a_state_llama_cpp_cannot_save_is_not_kept(pair, monkeypatch):
+    """The store is an optimization: a save that fails leaves the request to run as without
+    it (the history evaluated again), never fails it."""
+    from easd_local.engine.runtime import Model
+    from easd_local.errors import RuntimeFailure
+
+    tok = pair.target.vocab.tokenize
+    cfg = cfg_of("sd", max_tokens=8)
+    _fresh(pair)
+    sched = Scheduler(pair, 1, cache_ram=64 << 20)
+    fin1, _, _ = run_one(sched, Request(tok(TEXTS[3] * 3), cfg))
+
+    def broken(self, seq):
+        raise RuntimeFailure("no")
+
+    monkeypatch.setattr(Model, "save_seq", broken)
+    fin, _, _ = run_one(sched, Request(tok(TEXTS[1] * 2), cfg))
+    assert fin.stats.tokens == 8 and len(sched.store) == 0

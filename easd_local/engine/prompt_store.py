@@ -18,6 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..errors import RuntimeFailure
+
 DEFAULT_CACHE_RAM_MIB = 2048
 
 
@@ -94,7 +96,11 @@ class PromptStore:
         return True
 
     def _save(self, models: Sequence, slot: int, scope: str) -> None:
-        states = [model.save_seq(slot) if model is not None and model.seq_len(slot) else None for model in models]
+        try:
+            states = [model.save_seq(slot) if model is not None and model.seq_len(slot) else None
+                      for model in models]
+        except RuntimeFailure:  # llama.cpp could not serialize the cells: they are simply not kept
+            return
         size = sum(len(st[1]) for st in states if st is not None)
         if not size or size > self.budget:
             return
@@ -112,7 +118,3 @@ class PromptStore:
 
     def _drop(self, key: int) -> None:
         self.bytes -= self._entries.pop(key).size
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.bytes = 0
