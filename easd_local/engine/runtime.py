@@ -23,6 +23,7 @@ module never lets a sequence grow past it, so the ``n_seq`` sequences always fit
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
@@ -367,18 +368,17 @@ class Model(ModelFile):
         self.rollback(0, seq)
 
     def save_seq(self, seq: int) -> tuple[list[int], ctypes.Array]:
-        """Sequence ``seq``'s tokens and its KV cells as llama.cpp serializes them (host
-        memory, for ``load_seq`` into any sequence later)."""
+        """Sequence ``seq``'s tokens and KV cells, serialized by llama.cpp into pages of their
+        own (freed to the OS when dropped; MB-sized heap buffers stay with the process)."""
         n = int(_ll.llama_state_seq_get_size(self._ctx, seq))
-        buf = (ctypes.c_uint8 * n)()
+        buf = (ctypes.c_uint8 * n).from_buffer(mmap.mmap(-1, n)) if n else (ctypes.c_uint8 * 0)()
         got = int(_ll.llama_state_seq_get_data(self._ctx, buf, n, seq)) if n else 0
         if got != n:
             raise RuntimeFailure(f"{self.path.name}: llama.cpp saved {got} of {n} bytes of sequence {seq}")
         return list(self._seqs[seq]), buf
 
     def load_seq(self, seq: int, tokens: Sequence[int], data: ctypes.Array) -> bool:
-        """Sequence ``seq`` := what ``save_seq`` saved. False (and the sequence empty) when
-        llama.cpp cannot place it (no free cells)."""
+        """Sequence ``seq`` := a ``save_seq``; False (the sequence empty) without free cells."""
         self.reset_seq(seq)
         if not tokens:
             return True
