@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import RuntimeFailure
+from .prompt_cache import common_prefix_len
 
 DEFAULT_CACHE_RAM_MIB = 2048
 
@@ -32,14 +33,6 @@ class Entry:
     def tokens(self, k: int) -> list[int]:
         state = self.states[k]
         return state[0] if state else []
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 class PromptStore:
@@ -73,7 +66,7 @@ class PromptStore:
         best, best_n = None, keep
         for key, e in self._entries.items():
             if e.scope == scope:
-                n = _common(e.tokens(main), prefix)
+                n = common_prefix_len(e.tokens(main), prefix)
                 if n > best_n:
                     best, best_n = key, n
         if best is None:
@@ -106,7 +99,7 @@ class PromptStore:
             return
         new = Entry(scope, states, size)
         for key, e in list(self._entries.items()):  # an entry this one extends, on every model, says nothing more
-            if e.scope == scope and all(_common(e.tokens(k), new.tokens(k)) == len(e.tokens(k))
+            if e.scope == scope and all(common_prefix_len(e.tokens(k), new.tokens(k)) == len(e.tokens(k))
                                         for k in range(len(states))):
                 self._drop(key)
         while self._entries and self.bytes + size > self.budget:

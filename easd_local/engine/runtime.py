@@ -42,6 +42,7 @@ from ..errors import ContextOverflowError, ModelLoadError, NonFiniteLogitsError,
 from ..interrupts import deferred_interrupt
 from . import devices, gguf_info, llama_log, repack
 from .gguf_file import check_gguf_file
+from .prompt_cache import common_prefix_len
 from .gguf_info import file_type_name
 from .vocab import Vocab
 
@@ -391,13 +392,7 @@ class Model(ModelFile):
     def common_prefix(self, tokens: Sequence[int], start: int = 0, seq: int = 0) -> int:
         """Length of the longest common prefix of sequence ``seq``'s cache and ``tokens``;
         the caller may vouch that the first ``start`` tokens already agree."""
-        mine = self._seqs[seq]
-        n = max(0, min(start, len(mine), len(tokens)))
-        for i in range(n, min(len(mine), len(tokens))):
-            if mine[i] != tokens[i]:
-                return i
-            n = i + 1
-        return n
+        return common_prefix_len(self._seqs[seq], tokens, start)
 
     # ------------------------------------------------------------------ decode
     def decode(
