@@ -18,6 +18,7 @@ import pytest
 from easd_local.engine import decoding
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import BONUS, DRAFT, DRAFT_ONLY, EASD, RESAMPLED, TARGET, TRACE_NAMES, Finished
+from easd_local.engine.events import LOOKUP
 from easd_local.errors import ConfigError, ContextOverflowError
 from easd_local.engine.pair import load_pair
 from easd_local.engine.runtime import LoadOptions
@@ -296,7 +297,7 @@ def test_origins_say_what_happened(pair):
     fin, ev = run(pair, prompt, mode="easd-tf", max_tokens=24, tau_draft=math.inf, tau_target=math.inf)
     assert {e.origin for e in ev} == {TARGET}
     names = {TARGET: "target", RESAMPLED: "target-resampled", DRAFT: "draft-accepted", DRAFT_ONLY: "draft",
-             EASD: "easd-resampled", BONUS: "bonus"}
+             EASD: "easd-resampled", BONUS: "bonus", LOOKUP: "lookup-accepted"}
     assert TRACE_NAMES == names
 
 

@@ -15,7 +15,8 @@ from easd_local.engine.gate import Gate, Reading
 from easd_local.engine.pair import load_pair
 from easd_local.engine.runtime import LoadOptions, Part
 from easd_local.engine.scheduler import Request, Scheduler
-from easd_local.engine.steps import SpecStep
+from easd_local.engine.drafters import Counters, Proposal
+from easd_local.engine.events import DRAFT, LOOKUP
 
 GATE = dict(tau_draft=0.5, tau_target=0.5, overlap=0.2)
 TEXT = "Once upon a time there"
@@ -61,46 +62,47 @@ def test_no_histogram_without_verify_calls(pair):
 class NoDrafter:
     """A drafter that proposes nothing and touches no model."""
 
+    kind, model = "ngram-simple", None
+
+    def __init__(self) -> None:
+        self.counters = Counters()
+
+    def begin(self, s):
+        return
+        yield
+
     def draft(self, s, n_max):
-        return [], []
+        return Proposal([], None, LOOKUP, self)
         yield  # a generator that asks for nothing
 
-    def consult(self, s):  # pragma: no cover - sd never consults
-        raise AssertionError
-
-    def rewind(self, s, start):
+    def accept(self, s, proposal, n_accepted, start):
         pass
 
 
-class LookupDrafter:
+class KnownTextDrafter(NoDrafter):
     """A drafter without a model: it proposes the continuation of a known text (as an n-gram
     or prompt-lookup drafter would) wherever the sequence so far is a prefix of it."""
 
-    def __init__(self, text: list[int]) -> None:
-        self.text = text
+    def __init__(self, text: list[int], rows: bool) -> None:
+        super().__init__()
+        self.text, self.rows = text, rows
         self.asked = 0
 
     def draft(self, s, n_max):
         self.asked += 1
         n = len(s.seq)
-        ahead = self.text[n:n + n_max] if s.seq == self.text[:n] else []
+        ahead = self.text[n:n + min(n_max, 4)] if s.seq == self.text[:n] else []
         V = s.V
         rows = [np.where(np.arange(V) == t, 10.0, 0.0).astype(np.float32) for t in ahead]  # certain: p = 1
-        return list(ahead), rows
+        return Proposal(list(ahead), rows if self.rows else None, DRAFT if self.rows else LOOKUP, self)
         yield
-
-    def consult(self, s):  # pragma: no cover
-        raise AssertionError
-
-    def rewind(self, s, start):
-        pass
 
 
 def _sd_with(pair, drafter, prompt, cfg):
     pair.target.reset()
     pair.draft.reset()
+    pair.use_drafter(cfg.spec_type, drafter)  # the public seam: no private attribute
     sched = Scheduler(pair, 1)
-    sched._steps["sd"] = SpecStep(pair.target, pair.draft, drafter=drafter)
     sched.submit(Request(prompt, cfg))
     events, fin = [], None
     while sched.active:
@@ -112,21 +114,27 @@ def _sd_with(pair, drafter, prompt, cfg):
     return fin, events
 
 
-def test_a_drafter_is_an_object_the_step_does_not_know(pair):
+@pytest.mark.parametrize("rows", [True, False])
+def test_a_drafter_is_an_object_the_step_does_not_know(pair, rows):
     """Another drafter plugs into the sd step unchanged: one that proposes nothing turns sd
     into the target alone (every verify block is the one last token: the same decode as
-    target mode's), one that looks tokens up verifies them without a draft call."""
+    target mode's), one that looks tokens up verifies them without a draft call, with or
+    without distributions (a point mass each)."""
     prompt = pair.target.vocab.tokenize(TEXT)
-    cfg = DecodeConfig(mode="sd", max_tokens=40)
+    cfg = DecodeConfig(mode="sd", max_tokens=40, spec_type="ngram-simple")
     ref, _ = run(pair, mode="target")
     fin, events = _sd_with(pair, NoDrafter(), prompt, cfg)
     assert fin.tokens == ref.tokens
     assert {e.origin for e in events} == {BONUS} and fin.stats.drafted == fin.stats.draft_calls == 0
     assert fin.stats.accept_lengths == [40]
-    lookup = LookupDrafter(list(prompt) + ref.tokens)
-    fin, events = _sd_with(pair, lookup, prompt, cfg)
-    assert fin.stats.draft_calls == 0 and lookup.asked == fin.stats.verify_calls
-    assert fin.stats.drafted > 0 and fin.stats.draft_accepted > 0.5 * fin.stats.drafted
+    known = KnownTextDrafter(list(prompt) + ref.tokens, rows)
+    fin, events = _sd_with(pair, known, prompt, cfg)
+    assert fin.tokens == ref.tokens
+    assert fin.stats.draft_calls == 0 and known.asked == fin.stats.verify_calls
+    assert fin.stats.drafted > 0 and fin.stats.drafts_emitted > 0.5 * fin.stats.drafted
+    origin = DRAFT if rows else LOOKUP
+    assert origin in {e.origin for e in events}
+    assert (fin.stats.draft_accepted if rows else fin.stats.lookup_accepted) == fin.stats.drafts_emitted
     assert fin.stats.verify_calls < 40  # several tokens per target call
 
 
@@ -163,7 +171,8 @@ def test_step_asks_then_emits(pair):
     pair.target.decode(prompt[:-1], logits_at=())
     cfg = DecodeConfig(mode="easd-tf", **GATE)
     s = Seq(0, 0, Request(prompt, cfg), pair.target, pair.n_vocab, pair.target.n_ctx)
-    step = TargetFirstStep(pair.target, pair.draft)(s)
+    s.drafter = pair.drafter(cfg.drafters)
+    step = TargetFirstStep()(s)
     model, part = next(step)
     assert model is pair.target and part == Part(0, [prompt[-1]])
     flat = np.zeros((1, pair.n_vocab), np.float32)  # H_t = log V: the gate wants the draft

@@ -100,6 +100,18 @@ class DecodeOpts:
                          shown=d.gamma, metavar="N")
         self.draft_p_min = opt(float, "--draft-p-min", help="Stop drafting when the draft's top probability is below this.",
                                shown=_num(d.draft_p_min), metavar="P")
+        self.spec_type = opt(str, "--spec-type", help=(
+            "Drafters, comma-separated, tried in order (llama.cpp's names): draft (the draft model), ngram-simple "
+            "(prompt lookup), ngram-mod (an n-gram table shared across requests). Lookups have no model and are "
+            "lossless in sd; easd and easd-tf always use the draft model."), shown=d.spec_type, metavar="TYPES")
+        self.draft_min = opt(int, "--draft-min", help="Drop a proposal shorter than this (llama.cpp: --draft-min).",
+                             shown=d.draft_min, metavar="N")
+        self.spec_ngram_size_n = opt(int, "--spec-ngram-size-n", help="ngram-simple: the shortest match, in tokens.",
+                                     shown=d.spec_ngram_size_n, metavar="N")
+        self.spec_ngram_size_m = opt(int, "--spec-ngram-size-m", help="ngram-simple, ngram-mod: most tokens proposed.",
+                                     shown=d.spec_ngram_size_m, metavar="M")
+        self.spec_ngram_mod_n_match = opt(int, "--spec-ngram-mod-n-match", help="ngram-mod: the key's length in tokens.",
+                                          shown=d.spec_ngram_mod_n_match, metavar="N")
         self.top_n = opt(int, "--top-n", help="EASD: N of the top-N overlap.", shown=d.top_n, metavar="N")
         self.overlap = opt(float, "--overlap", help="EASD: minimum top-N overlap in [0,1].", shown=_num(d.overlap),
                            metavar="F")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .gate import Gate
-from .modes import MODE_TABLE, MODES, Mode, mode_info  # noqa: F401  (MODES: re-exported for callers of config)
+from .modes import MODE_TABLE, MODES, Mode, mode_info, needs_draft_model, spec_kinds  # noqa: F401
 
 # Modes whose output is the target's own (greedy: the target's tokens; sampling: its law).
 LOSSLESS_MODES = tuple(m for m in MODES if MODE_TABLE[m].lossless)
@@ -48,8 +48,15 @@ class DecodeConfig:
     top_p: float = 1.0  # 1 = off
     seed: int = 0  # RANDOM_SEED (-1): a fresh random seed per generation
     # speculative decoding
-    gamma: int = 4
+    gamma: int = 4  # the draft model's most tokens per verify (llama.cpp: --draft-max)
     draft_p_min: float = 0.0  # stop drafting when the draft's top probability falls below
+    spec_type: str = "draft"  # the drafters, tried in order (modes.DRAFTER_TABLE; llama.cpp: --spec-type)
+    draft_min: int = 0  # a proposal shorter than this is dropped (llama.cpp: --draft-min)
+    # prompt lookup (ngram-simple): the text's last spec_ngram_size_n tokens or more must have
+    # occurred before; then up to spec_ngram_size_m of the tokens that followed are proposed
+    spec_ngram_size_n: int = 2
+    spec_ngram_size_m: int = 16
+    spec_ngram_mod_n_match: int = 4  # ngram-mod: the key's length in tokens
     # EASD gate: H(z_d) >= tau_draft and H(z_t) >= tau_target and overlap >= overlap
     top_n: int = 5
     overlap: float = 0.6
@@ -64,6 +71,19 @@ class DecodeConfig:
     @property
     def mode_info(self) -> Mode:
         return mode_info(self.mode)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """This mode with these drafters loads the draft model."""
+        return needs_draft_model(self.mode, self.spec_type)
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafters this mode uses, in the order they are tried (none without one)."""
+        info = self.mode_info
+        if not info.needs_drafter:
+            return ()
+        return ("draft",) if info.needs_dists else spec_kinds(self.spec_type)
 
     @property
     def gate_enabled(self) -> bool:
@@ -87,6 +107,15 @@ class DecodeConfig:
             raise ConfigError(f"gamma must be >= 1, got {self.gamma}")
         if not (0.0 <= self.draft_p_min <= 1.0):
             raise ConfigError(f"draft-p-min must be in [0, 1], got {self.draft_p_min}")
+        spec_kinds(self.spec_type)  # known drafter names (easd and easd-tf always use the draft model)
+        if self.draft_min < 0:
+            raise ConfigError(f"draft-min must be >= 0, got {self.draft_min}")
+        if self.spec_ngram_size_n < 1:
+            raise ConfigError(f"spec-ngram-size-n must be >= 1, got {self.spec_ngram_size_n}")
+        if self.spec_ngram_size_m < 1:
+            raise ConfigError(f"spec-ngram-size-m must be >= 1, got {self.spec_ngram_size_m}")
+        if self.spec_ngram_mod_n_match < 1:
+            raise ConfigError(f"spec-ngram-mod-n-match must be >= 1, got {self.spec_ngram_mod_n_match}")
         if self.top_n < 1:
             raise ConfigError(f"top-n must be >= 1, got {self.top_n}")
         if n_vocab is not None and self.top_n > n_vocab:

@@ -22,11 +22,14 @@ RESAMPLED = "resampled"  # the SD test rejected a draft token and the target res
 EASD = "easd"  # the gate fired on an SD-accepted draft token (easd-tf: at its position) and the target picked again
 BONUS = "bonus"  # all drafted tokens kept: the target's next token comes for free
 DRAFT_ONLY = "draft-only"  # draft mode: the draft chose it, nothing verified it
-ORIGINS = (DRAFT, TARGET, RESAMPLED, EASD, BONUS, DRAFT_ONLY)
+LOOKUP = "lookup"  # proposed by a lookup drafter (no model: ngram-simple, ngram-mod), accepted by the SD test
+ORIGINS = (DRAFT, TARGET, RESAMPLED, EASD, BONUS, DRAFT_ONLY, LOOKUP)
+# origins of drafted tokens that the target accepted (llama.cpp's draft_n_accepted)
+ACCEPTED_DRAFTS = (DRAFT, LOOKUP)
 
 # the names `generate --trace` writes
 TRACE_NAMES = {DRAFT: "draft-accepted", TARGET: "target", RESAMPLED: "target-resampled", EASD: "easd-resampled",
-               BONUS: "bonus", DRAFT_ONLY: "draft"}
+               BONUS: "bonus", DRAFT_ONLY: "draft", LOOKUP: "lookup-accepted"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ class Stats:
     tokens: int = 0
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens the SD test accepted (including ones the gate then rejected)
-    draft_accepted: int = 0  # draft tokens emitted (accepted and not gated)
+    draft_accepted: int = 0  # draft tokens emitted (accepted and not gated), the draft model's
+    lookup_accepted: int = 0  # looked-up tokens emitted (a lookup drafter's: no model)
     sd_rejections: int = 0
     easd_fires: int = 0
     bonus: int = 0
@@ -90,7 +94,7 @@ class Stats:
     stop_reason: str = ""
     # the accept-length histogram beside the means (as gpt-fast's accept_counts): entry k is
     # the number of verify calls that emitted k drafted tokens (sum: verify_calls; sum of
-    # k times entry k: draft_accepted)
+    # k times entry k: drafts_emitted)
     accept_lengths: list[int] = field(default_factory=list)
 
     # ---------------------------------------------------------------- counting
@@ -111,9 +115,10 @@ class Stats:
         self.target_calls += 1
         self.verify_calls += 1
         self.drafted += drafted
-        self.accepted += origins.count(DRAFT) + origins.count(EASD)  # the gated ones included
+        self.accepted += origins.count(DRAFT) + origins.count(LOOKUP) + origins.count(EASD)  # the gated ones included
         self.verified_tokens += kept
-        k = origins[:kept].count(DRAFT)
+        emitted = origins[:kept]
+        k = emitted.count(DRAFT) + emitted.count(LOOKUP)
         self.accept_lengths.extend([0] * (k + 1 - len(self.accept_lengths)))
         self.accept_lengths[k] += 1
 
@@ -165,9 +170,14 @@ class Stats:
         return self.tokens / gen if gen > 0 else 0.0
 
     @property
+    def drafts_emitted(self) -> int:
+        """Drafted tokens emitted, whoever drafted them (llama.cpp's draft_n_accepted)."""
+        return self.draft_accepted + self.lookup_accepted
+
+    @property
     def acceptance_rate(self) -> float:
         """Drafted tokens emitted / drafted."""
-        return self.draft_accepted / self.drafted if self.drafted else 0.0
+        return self.drafts_emitted / self.drafted if self.drafted else 0.0
 
     @property
     def mean_accepted_len(self) -> float:
@@ -212,7 +222,7 @@ def acceptance_text(drafted: int, draft_accepted: int, tok_per_verify: float) ->
 # the Stats counter each origin adds to (draft-only tokens are counted only as tokens:
 # nothing proposed or verified them)
 _ORIGIN_COUNTS = {DRAFT: "draft_accepted", TARGET: "target_tokens", RESAMPLED: "sd_rejections", EASD: "easd_fires",
-                  BONUS: "bonus"}
+                  BONUS: "bonus", LOOKUP: "lookup_accepted"}
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,27 @@ class Loss(Protocol):
 class Mode:
     name: str
     needs_target: bool
+    # needs the draft model whatever the drafter: draft mode emits its tokens, EASD's gate reads
+    # its distributions (easd-tf consults it). sd needs it only with the model drafter
+    # (``needs_draft_model``)
     needs_draft: bool
-    speculative: bool  # drafts gamma tokens and verifies them on the target in one batch
+    speculative: bool  # drafts tokens and verifies them on the target in one batch
     gated: bool  # has the EASD entropy gate (effective only while the gate's thresholds are finite)
     # the output follows the target's distribution (greedy: the target's tokens); a gated
     # mode is lossless only with its gate off
     lossless: bool
+
+    @property
+    def needs_drafter(self) -> bool:
+        """Proposals or a second opinion come from a drafter (``drafters``): sd, easd, easd-tf."""
+        return self.speculative or self.target_first
+
+    @property
+    def needs_dists(self) -> bool:
+        """The drafter must give the draft's distributions, not only tokens: EASD's gate reads
+        them. Greedy or sampled SD takes a drafter without them (a proposal is then a point
+        mass, which keeps SD lossless: ``rules.verify``)."""
+        return self.gated
 
     @property
     def target_first(self) -> bool:
@@ -50,12 +65,59 @@ MODE_TABLE: dict[str, Mode] = {
     for m in (
         Mode("target", needs_target=True, needs_draft=False, speculative=False, gated=False, lossless=True),
         Mode("draft", needs_target=False, needs_draft=True, speculative=False, gated=False, lossless=False),
-        Mode("sd", needs_target=True, needs_draft=True, speculative=True, gated=False, lossless=True),
+        Mode("sd", needs_target=True, needs_draft=False, speculative=True, gated=False, lossless=True),
         Mode("easd", needs_target=True, needs_draft=True, speculative=True, gated=True, lossless=False),
         Mode("easd-tf", needs_target=True, needs_draft=True, speculative=False, gated=True, lossless=False),
     )
 }
 MODES = tuple(MODE_TABLE)
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """One way to draft (``--spec-type``, llama.cpp's names): what it needs and gives."""
+
+    name: str
+    uses_model: bool  # drafts with the draft model (loaded only when a chosen way uses it)
+    has_dists: bool  # proposals come with the draft's distributions (EASD's gate can read them)
+    learns: bool  # keeps what it saw across requests and slots
+    summary: str
+
+
+DRAFTER_TABLE: dict[str, DrafterKind] = {
+    k.name: k
+    for k in (
+        DrafterKind("draft", uses_model=True, has_dists=True, learns=False,
+                    summary="the draft model proposes up to --draft-max tokens"),
+        DrafterKind("ngram-simple", uses_model=False, has_dists=False, learns=False,
+                    summary="prompt lookup: the tokens that followed the last earlier match of the text's end"),
+        DrafterKind("ngram-mod", uses_model=False, has_dists=False, learns=True,
+                    summary="an n-gram table shared by every slot and kept across requests"),
+    )
+}
+DRAFTER_KINDS = tuple(DRAFTER_TABLE)
+
+
+def spec_kinds(spec_type: str) -> tuple[str, ...]:
+    """``--spec-type``'s comma-separated drafters, in the order they are tried (a lookup before
+    the draft model, as llama.cpp: the first that proposes something drafts the block)."""
+    kinds = tuple(k.strip() for k in spec_type.split(",") if k.strip())
+    if not kinds:
+        raise ConfigError("spec-type must name at least one drafter: " + ", ".join(DRAFTER_KINDS))
+    for k in kinds:
+        if k not in DRAFTER_TABLE:
+            raise ConfigError(f"spec-type: unknown drafter {k!r}; known: {', '.join(DRAFTER_KINDS)}")
+    if len(set(kinds)) != len(kinds):
+        raise ConfigError(f"spec-type names a drafter twice: {spec_type!r}")
+    return kinds
+
+
+def needs_draft_model(mode: str, spec_type: str) -> bool:
+    """Whether decoding ``mode`` with drafters ``spec_type`` loads the draft model."""
+    info = mode_info(mode)
+    if info.needs_draft:  # easd and easd-tf draft with the draft model whatever spec_type says
+        return True
+    return info.needs_drafter and any(DRAFTER_TABLE[k].uses_model for k in spec_kinds(spec_type))
 
 
 def mode_info(name: str) -> Mode:
@@ -66,10 +128,12 @@ def mode_info(name: str) -> Mode:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {name!r}") from None
 
 
-def models_needed(modes) -> tuple[bool, bool]:
-    """(needs a draft, needs a target) for running all of ``modes``."""
-    rows = [mode_info(m) for m in modes]
-    return any(r.needs_draft for r in rows), any(r.needs_target for r in rows)
+def models_needed(modes, spec_type: str = "draft") -> tuple[bool, bool]:
+    """(needs the draft model, needs a target) for running all of ``modes`` (each a mode name,
+    or a (mode, spec type) pair) with drafters ``spec_type``."""
+    pairs = [m if isinstance(m, tuple) else (m, spec_type) for m in modes]
+    return (any(needs_draft_model(m, st) for m, st in pairs),
+            any(mode_info(m).needs_target for m, _ in pairs))
 
 
 MEASURE_HINT = ("no measurement of EASD on this pair yet: `easd-local bench --modes target,easd-tf ...` then "

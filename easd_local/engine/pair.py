@@ -8,10 +8,13 @@ llama.cpp does, because converters disagree about padding/control tokens there).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from ..errors import PairError
+from . import drafters as _drafters
+from .drafters import Drafter
 from .runtime import LoadOptions, Model, ModelFile
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE
@@ -60,9 +63,40 @@ def check_compatible(draft: ModelFile, target: ModelFile) -> int:
 
 @dataclass
 class Pair:
-    draft: Model | None  # None when only the target is needed (mode target)
+    """The target, the draft model when one is loaded, and the drafters decoding uses (one
+    of each kind, built on first use and kept: a learning drafter keeps what it learnt)."""
+
+    draft: Model | None  # None when no mode in use needs the draft model
     target: Model | None  # None when only the draft is needed (mode draft)
     n_vocab: int  # shared vocabulary size: decoding looks only at ids below this
+    # this machine's verify costs in one-token decodes (index k: k drafted tokens), for the
+    # lookup drafters' proposal lengths; None: not measured
+    verify_costs: Sequence[float] | None = None
+    _drafters: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def models(self) -> tuple[Model, ...]:
+        return tuple(m for m in (self.target, self.draft) if m is not None)
+
+    def drafter(self, kinds: Sequence[str]) -> Drafter:
+        """The drafter for ``kinds`` (``DecodeConfig.drafters``), tried in that order."""
+        key = tuple(kinds)
+        d = self._drafters.get(key)
+        if d is None:
+            d = self._drafters[key] = _drafters.chain([self._one(k) for k in key])
+        return d
+
+    def _one(self, kind: str) -> Drafter:
+        d = self._drafters.get((kind,))
+        if d is None:
+            d = self._drafters[(kind,)] = _drafters.make(kind, self.draft, self.verify_costs)
+        return d
+
+    def use_drafter(self, kind: str, drafter: Drafter) -> None:
+        """Draft ``kind`` (a ``--spec-type`` name) with ``drafter`` from now on: a drafter of
+        one's own plugs in here."""
+        self._drafters = {k: d for k, d in self._drafters.items() if kind not in k}
+        self._drafters[(kind,)] = drafter
 
     def close(self) -> None:
         for m in (self.draft, self.target):

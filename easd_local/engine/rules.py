@@ -223,6 +223,16 @@ def residual(p, q):
     return np.where(s > 0, r / np.where(s > 0, s, 1).astype(r.dtype), p)
 
 
+def residual_point(p, token: int):
+    """``residual(p, δ_token)`` without a full-vocabulary one-hot: p with ``token`` removed,
+    renormalised (p itself when nothing else has mass, which the SD test then never reaches:
+    it accepts a point mass on ``token`` with probability p(token) = 1)."""
+    r = np.array(p, copy=True)
+    r[token] = 0
+    s = float(r.sum(dtype=np.float64))
+    return r / r.dtype.type(s) if s > 0 else np.asarray(p).copy()
+
+
 def penalize(p, token: int, lam: float, fallback=None):
     """``p`` with ``p[token] *= lam``, renormalised (EASD's re-pick distribution).
 
@@ -286,6 +296,9 @@ class Pick(NamedTuple):
     reading: Reading | None = None
 
 
+_NO_READING = Reading()
+
+
 def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng: np.random.Generator) -> list[Pick]:
     """One SD verification of a drafted block, gated by ``gate_`` (EASD; a gate that cannot
     fire is plain SD): the tokens it emits, in order.
@@ -295,6 +308,11 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     ``sampling_probs(z_draft[i], cfg.temperature, cfg.top_k, cfg.top_p)``),
     ``z_target`` (g+1, V) the target's raw logits (row i scores draft token i's
     position, row g the position after the last draft). g may be 0 (bonus only).
+    ``z_draft`` None: a drafter without distributions (a lookup) proposed the tokens, each
+    a point mass q = δ_d. The SD test then accepts d with probability p(d) and a rejection
+    samples norm(max(0, p − δ_d)), p without d: the emitted token still follows p exactly
+    (P(d) = p(d); P(x ≠ d) = (1 − p(d)) · p(x) / (1 − p(d))), so SD stays lossless. Such a
+    block cannot be gated (the gate reads the draft's entropy).
 
     Greedy (``cfg.temperature == 0``): accept draft i while it equals argmax z_t[i];
     the first mismatch is replaced by that argmax (RESAMPLED). Sampling: accept with
@@ -325,7 +343,10 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     V = zt.shape[-1]
     if zt.shape[0] != g + 1:
         raise ValueError(f"z_target must have g+1 = {g + 1} rows, got {zt.shape[0]}")
-    zd = np.asarray(z_draft).reshape(g, V) if g else np.zeros((0, V), dtype=zt.dtype)
+    point = z_draft is None  # point-mass proposals (a lookup drafter)
+    if point and gate_.can_fire:
+        raise ValueError("the EASD gate needs the draft's distributions; a lookup proposal has none")
+    zd = None if point else np.asarray(z_draft).reshape(g, V) if g else np.zeros((0, V), dtype=zt.dtype)
 
     # The four outcomes of a position, greedy or sampled; the loop below is shared so that
     # both follow the same order: test, then gate, then (at the end) the bonus.
@@ -335,7 +356,7 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
         def accepts(i: int, di: int) -> bool:
             return di == int(best[i])
 
-        def on_reject(i: int) -> int:
+        def on_reject(i: int, di: int) -> int:
             return int(best[i])
 
         def on_gate(i: int, di: int) -> int:
@@ -346,13 +367,13 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     else:
         T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
         p = sampling_probs(zt, T, K, P)
-        q = sampling_probs(zd, T, K, P) if g else None
+        q = sampling_probs(zd, T, K, P) if g and not point else None
 
         def accepts(i: int, di: int) -> bool:
-            return sd_accept(p[i, di], q[i, di], rng.random())
+            return sd_accept(p[i, di], 1.0 if point else q[i, di], rng.random())
 
-        def on_reject(i: int) -> int:
-            return sample(residual(p[i], q[i]), rng)
+        def on_reject(i: int, di: int) -> int:
+            return sample(residual_point(p[i], di) if point else residual(p[i], q[i]), rng)
 
         def on_gate(i: int, di: int) -> int:
             return sample(penalize(p[i], di, cfg.penalty, fallback=lambda: sampling_probs(zt[i], T)), rng)
@@ -364,9 +385,9 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     for i in range(g):
         di = int(d[i])
         if not accepts(i, di):
-            picks.append(Pick(on_reject(i), RESAMPLED, Reading()))
+            picks.append(Pick(on_reject(i, di), RESAMPLED, Reading()))
             return picks
-        r = gate_.read_lazily(zd[i], zt[i])
+        r = _NO_READING if point else gate_.read_lazily(zd[i], zt[i])
         if r.open:
             picks.append(Pick(on_gate(i, di), EASD, r))
             return picks

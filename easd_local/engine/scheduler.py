@@ -4,15 +4,17 @@ one per mode) and packs what they ask for into as few llama.cpp batches as a ste
 A step advances every active sequence by one step of its mode:
 
 - ``target`` / ``draft``: one token;
-- ``sd`` / ``easd``: draft up to gamma tokens (the drafter, ``drafter``), verify them on the
-  target, accept and gate (``rules.verify``), roll both caches back to the emitted prefix;
+- ``sd`` / ``easd``: the sequence's drafter (``drafters``: the draft model, a prompt lookup)
+  proposes tokens, the target verifies them, accept and gate (``rules.verify``), roll both
+  caches back to the emitted prefix;
 - ``easd-tf``: one target token, consulting the draft only where the gate may fire
   (``gate.Gate.wants_draft``, ``rules.target_first``).
 
 and issues, in this order:
 
-1. the prefill of the sequences submitted since the last step: one target decode and one
-   draft decode per new prompt, apart from the step's own work on purpose. A prompt is
+1. the prefill of the sequences submitted since the last step: one target decode per new
+   prompt and what its drafter's ``begin`` asks (a model drafter: one draft decode; a lookup:
+   nothing), apart from the step's own work on purpose. A prompt is
    hundreds of tokens whose logits nobody needs (a large batch on its own), it may exceed
    ``n_batch`` (and be split into several decodes, which would split the step's batch with
    it); alone, its cells are computed exactly as at B = 1 (llama.cpp's numerics depend on
@@ -31,7 +33,11 @@ llama.cpp's batched-vs-single numerics (a one-token batch takes another matmul k
 than a multi-token one; see tests/test_runtime.py).
 
 Cache invariant (per sequence, see ``steps``): before a step the target's sequence holds
-``seq[:-1]``; the draft's holds a prefix of ``seq``.
+``seq[:-1]``; a model drafter's holds a prefix of ``seq``.
+
+The scheduler knows the pair's models only to batch what is asked of them, to clear and
+save a slot's cells and to tell the target's seconds from the rest: which drafter a sequence
+uses is ``Pair.drafter``'s answer for its ``DecodeConfig.drafters``.
 
 Statistics per sequence are one ``events.Stats``. Times: ``seconds_draft``
 and ``seconds_target`` are the seconds spent inside the draft's / target's decodes while
@@ -118,16 +124,17 @@ class Scheduler:
                  cache_ram: int = 0) -> None:
         if n_parallel < 1:
             raise ConfigError(f"--parallel must be >= 1, got {n_parallel}")
-        for m in (pair.target, pair.draft):
-            if m is not None and m.n_seq < n_parallel:
+        for m in pair.models:
+            if m.n_seq < n_parallel:
                 raise ConfigError(
                     f"{m.path.name} was loaded for {m.n_seq} sequence{'s' if m.n_seq != 1 else ''}, "
                     f"not {n_parallel} (LoadOptions.n_seq)"
                 )
         self.pair = pair
         self.n_parallel = n_parallel
-        self.target, self.draft = pair.target, pair.draft
-        V = pair.n_vocab or min(m.n_vocab for m in (pair.target, pair.draft) if m is not None)
+        self.target = pair.target
+        self.models = pair.models
+        V = pair.n_vocab or min(m.n_vocab for m in self.models)
         self.V = V
         self._slots: list[_Seq | None] = [None] * n_parallel
         self.slot_similarity = slot_similarity
@@ -137,7 +144,6 @@ class Scheduler:
         self._prefills: list[Prefill] = []
         self._new: list[_Seq] = []
         self._next_rid = 0
-        self._steps = {mode: cls(pair.target, pair.draft) for mode, cls in STEPS.items()}
         self.store = PromptStore(cache_ram) if cache_ram > 0 else None  # bytes; 0: no host-memory cache
 
     # ------------------------------------------------------------------ admission
@@ -154,15 +160,18 @@ class Scheduler:
         cfg = req.cfg
         cfg.validate()
         mode, info = cfg.mode, cfg.mode_info
-        target, draft = self.target, self.draft
-        if info.needs_draft and draft is None:
-            raise ConfigError(f"mode {mode} needs a draft model (give --draft or a --pair)")
+        target, draft = self.target, self.pair.draft
+        if cfg.needs_draft_model and draft is None:
+            uses = "" if info.needs_draft else f" with --spec-type {cfg.spec_type}"
+            raise ConfigError(f"mode {mode}{uses} needs a draft model (give --draft or a --pair)")
         if info.needs_target and target is None:
             raise ConfigError(f"mode {mode} needs a target model (give --target or a --pair)")
         if len(req.prompt) == 0:
             raise ConfigError("empty prompt")
         main = target if info.needs_target else draft  # whose tokens the sequence emits
-        n_ctx = min(m.n_ctx for m, used in ((target, info.needs_target), (draft, info.needs_draft)) if used)
+        drafter = self.pair.drafter(cfg.drafters) if cfg.drafters else None
+        used = [main] + ([drafter.model] if drafter is not None and drafter.model is not None else [])
+        n_ctx = min(m.n_ctx for m in used)
         if not fits_context(len(req.prompt), n_ctx):
             raise ContextOverflowError(
                 f"prompt is {len(req.prompt)} tokens but the context holds {n_ctx}; shorten it or raise --ctx"
@@ -175,6 +184,7 @@ class Scheduler:
         rid = self._next_rid
         self._next_rid += 1
         s = _Seq(rid, slot, req, main, self.V, n_ctx)
+        s.drafter = drafter
         self._slots[slot] = s
         self._new.append(s)
         return rid
@@ -219,9 +229,8 @@ class Scheduler:
         if s in self._new:
             self._new.remove(s)
         if clear:
-            for m in (self.target, self.draft):
-                if m is not None:
-                    m.reset_seq(s.slot)
+            for m in self.models:
+                m.reset_seq(s.slot)
 
     # ------------------------------------------------------------------ one step
     def step(self) -> list[tuple[int, Event]]:
@@ -238,11 +247,13 @@ class Scheduler:
             if len(s.seq) >= s.ctx_limit:
                 s.done, s.stop_reason = True, "context"
             else:
-                step = self._steps[s.mode](s)
+                step = STEPS[s.mode](s)
                 self._advance(s, step, None, waiting, out)
         while waiting:
             asked = list(map(itemgetter(1), waiting.values()))
-            model = self.draft if self.draft in asked else self.target if self.target in asked else asked[0]
+            # drafting before verifying: any other model's asks before the target's
+            model = next((m for m in asked if m is not self.target), self.target) \
+                if self.target in asked else asked[0]
             batch = [s for s in live if s in waiting and waiting[s][1] is model]  # slot order
             self._run(model, batch, waiting, out)
         for s in live:
@@ -274,12 +285,13 @@ class Scheduler:
             return model.decode_batch(parts)
         finally:
             dt = time.perf_counter() - t0
+            target = model is self.target
             for s in self._slots:
                 if s is not None:
-                    if model is self.draft:
-                        s.sec_draft += dt
-                    else:
+                    if target:
                         s.sec_target += dt
+                    else:
+                        s.sec_draft += dt
 
     def _run(self, model: Model, batch: list[_Seq], waiting: dict, out: list) -> None:
         """One batched decode of what ``batch`` asks of ``model``; each sequence's step gets
@@ -315,35 +327,32 @@ class Scheduler:
             prompt = s.req.prompt
             info = s.cfg.mode_info
             if self.store is not None and self.store.swap(
-                    (self.target, self.draft), 0 if info.needs_target else 1, s.slot, prompt[:-1],
+                    (self.target, self.pair.draft), 0 if info.needs_target else 1, s.slot, prompt[:-1],
                     slot_scope=self._scope[s.slot], scope=s.req.cache_scope, reuse=s.req.reuse_cache):
                 self._scope[s.slot] = s.req.cache_scope
             if not s.req.reuse_cache or self._scope[s.slot] != s.req.cache_scope:
-                for m in (self.target, self.draft):
-                    if m is not None:
-                        m.reset_seq(s.slot)
+                for m in self.models:
+                    m.reset_seq(s.slot)
             self._scope[s.slot] = s.req.cache_scope
-            main = self.target if info.needs_target else self.draft
-            cached = 0
-            # easd-tf too: its first consult would otherwise evaluate the whole prompt on
-            # the draft inside generation; as in sd/easd that is prompt work (counted in
-            # seconds_prompt and time to first token, not in tokens_per_s)
-            uses_draft = info.needs_draft and (not info.target_first or s.gate_on)
-            for m, used in ((self.target, info.needs_target), (self.draft, uses_draft)):
-                if not used or self._slots[s.slot] is not s:
-                    continue
-                keep = m.common_prefix(prompt[:-1], seq=s.slot)
-                m.rollback(keep, s.slot)
-                if m is main:
-                    cached = keep
-                if len(prompt) - 1 > keep:
-                    try:
-                        self._decode(m, [Part(s.slot, list(prompt[keep:-1]), ())])
-                    except EasdError as e:
-                        self._fail(s, e, out)
-            if info.target_first and not s.gate_on:
-                # the draft is never consulted: it only has to hold a prefix of the sequence
-                self.draft.rollback(self.draft.common_prefix(prompt[:-1], seq=s.slot), s.slot)
+            main = s.main
+            cached = main.common_prefix(prompt[:-1], seq=s.slot)
+            main.rollback(cached, s.slot)
+            if len(prompt) - 1 > cached:
+                try:
+                    self._decode(main, [Part(s.slot, list(prompt[cached:-1]), ())])
+                except EasdError as e:
+                    self._fail(s, e, out)
+            # the drafter's own prefill (a model drafter's decode of the prompt, easd-tf's
+            # too: its first consult would otherwise evaluate the whole prompt inside
+            # generation) is prompt work: in seconds_prompt and time to first token
+            if s.drafter is not None and self._slots[s.slot] is s:
+                begin = s.drafter.begin(s)
+                try:
+                    for m, part in begin:
+                        self._decode(m, [part])
+                except EasdError as e:
+                    begin.close()
+                    self._fail(s, e, out)
             s.stats.seconds_prompt = time.perf_counter() - s.t_start
             s.stats.seconds_prompt_draft, s.stats.seconds_prompt_target = s.sec_draft, s.sec_target
             s.stats.prompt_cached = cached

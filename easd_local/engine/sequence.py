@@ -35,6 +35,8 @@ class Seq:
     def __init__(self, rid: int, slot: int, req: RequestLike, main: Model, V: int, ctx_limit: int) -> None:
         cfg = req.cfg
         self.rid, self.slot, self.req, self.cfg, self.V = rid, slot, req, cfg, V
+        self.main = main  # the model whose tokens the sequence emits
+        self.drafter = None  # the scheduler's drafter for this sequence's mode and spec type, if it drafts
         self.mode = cfg.mode
         self.gate = Gate.of(cfg)
         self.gate_on = self.gate.can_fire

@@ -20,22 +20,19 @@ from typing import Generator
 import numpy as np
 
 from . import rules
-from .drafter import Ask, Drafter, ModelDrafter
-from .events import DRAFT_ONLY, TARGET
+from .drafters import Ask, Proposal
+from .events import DRAFT, DRAFT_ONLY, TARGET
 from .rules import Pick
-from .runtime import Model, Part
+from .runtime import Part
 from .sequence import Seq
 
 StepGen = Generator[Ask, np.ndarray, None]
 
 
 class Step:
-    """One mode's step over the pair's models; speculation drafts through ``drafter`` (by
-    default a ``ModelDrafter`` of ``draft``)."""
-
-    def __init__(self, target: Model | None, draft: Model | None, drafter: Drafter | None = None) -> None:
-        self.target, self.draft = target, draft
-        self.drafter = drafter if drafter is not None else ModelDrafter(draft) if draft is not None else None
+    """One mode's step. A step knows the model whose tokens the sequence emits
+    (``s.main``) and, where the mode drafts, the sequence's drafter (``s.drafter``), never
+    which kind of drafter that is."""
 
     def __call__(self, s: Seq) -> StepGen:  # pragma: no cover - each mode defines it
         raise NotImplementedError
@@ -45,7 +42,7 @@ class TargetStep(Step):
     """mode target: one token from the target."""
 
     def __call__(self, s: Seq) -> StepGen:
-        z = yield self.target, Part(s.slot, [s.seq[-1]])
+        z = yield s.main, Part(s.slot, [s.seq[-1]])
         s.stats.target_calls += 1
         s.accept([Pick(s.sample(z[0]), TARGET)])
 
@@ -54,28 +51,37 @@ class DraftStep(Step):
     """mode draft: one token from the draft model alone (its cells hold ``seq[:-1]``)."""
 
     def __call__(self, s: Seq) -> StepGen:
-        z = yield self.draft, Part(s.slot, [s.seq[-1]])
+        z = yield s.main, Part(s.slot, [s.seq[-1]])
         s.stats.draft_calls += 1
         s.accept([Pick(s.sample(z[0]), DRAFT_ONLY)])
 
 
 class SpecStep(Step):
-    """modes sd / easd: draft up to gamma tokens, verify them on the target in one block,
-    accept and gate them, roll both caches back to what was emitted."""
+    """modes sd / easd: the drafter proposes up to as many tokens as fit, the target
+    verifies them in one block, the SD test accepts them (and the gate, easd), both caches
+    go back to what was emitted. A proposal of no tokens makes the block the last token
+    alone: the target's ordinary one-token decode."""
 
     def __call__(self, s: Seq) -> StepGen:
         n_old = len(s.seq)
-        # drafting stops early at the context's end and the token budget (and in the drafter)
-        n_max = max(0, min(s.cfg.gamma, s.ctx_limit - n_old - 1, s.budget))
-        drafts, z_draft = yield from self.drafter.draft(s, n_max)
-        z_target = yield self.target, Part(s.slot, [s.seq[-1], *drafts], range(len(drafts) + 1))
-        z_d = np.stack(z_draft) if drafts else np.empty((0, s.V), dtype=np.float32)
+        # proposals stop at the context's end and the token budget (and in the drafter)
+        n_max = max(0, min(s.ctx_limit - n_old - 1, s.budget))
+        prop: Proposal = yield from s.drafter.draft(s, n_max)
+        drafts = prop.tokens
+        z_target = yield s.main, Part(s.slot, [s.seq[-1], *drafts], range(len(drafts) + 1))
+        if prop.rows is None:
+            z_d = None  # point masses
+        else:
+            z_d = np.stack(prop.rows) if drafts else np.empty((0, s.V), dtype=np.float32)
         picks = rules.verify(drafts, z_d, z_target, s.cfg, s.gate, s.rng)
+        if prop.origin != DRAFT:
+            picks = [p._replace(origin=prop.origin) if p.origin == DRAFT else p for p in picks]
         kept = s.accept(picks)
         s.stats.count_verify(len(drafts), [p.origin for p in picks], kept)
-        # both caches back to the emitted prefix: the target keeps seq[:-1]
-        self.target.rollback(n_old + kept - 1, s.slot)
-        self.drafter.rewind(s, start=n_old - 1)
+        # the target keeps seq[:-1]; the drafter keeps what is still on the path
+        s.main.rollback(n_old + kept - 1, s.slot)
+        n_accepted = sum(p.origin == prop.origin for p in picks[:kept])
+        s.drafter.accept(s, prop, n_accepted, start=n_old - 1)
 
 
 class TargetFirstStep(Step):
@@ -83,16 +89,16 @@ class TargetFirstStep(Step):
     where the target's entropy lets the gate fire."""
 
     def __call__(self, s: Seq) -> StepGen:
-        z_t = (yield self.target, Part(s.slot, [s.seq[-1]]))[0]
+        z_t = (yield s.main, Part(s.slot, [s.seq[-1]]))[0]
         s.stats.target_calls += 1
         h_t = s.gate.screen(z_t)
         z_d = None
         if s.gate.wants_draft(h_t):
-            z_d = yield from self.drafter.consult(s)
+            z_d = yield from s.drafter.consult(s)
             s.stats.draft_consults += 1
         s.accept([rules.target_first(z_t, z_d, s.cfg, s.gate, s.rng, h_t)])
         s.stats.target_first_tokens += 1
 
 
-STEPS: dict[str, type[Step]] = {"target": TargetStep, "draft": DraftStep, "sd": SpecStep, "easd": SpecStep,
-                                "easd-tf": TargetFirstStep}
+STEPS: dict[str, Step] = {"target": TargetStep(), "draft": DraftStep(), "sd": SpecStep(), "easd": SpecStep(),
+                          "easd-tf": TargetFirstStep()}

@@ -1,39 +1,22 @@
-"""The drafter: what proposes the tokens the target verifies (sd, easd) and gives the draft's
-view of a position (easd-tf), behind a narrow interface, as llama.cpp's ``common_speculative``.
+"""The model drafter (``--spec-type draft``): a small model of the target's vocabulary drafts,
+in its own KV cells (one llama.cpp sequence per slot), which hold a prefix of the sequence
+between steps.
 
 It owns its cache's catch-up (evaluating what it lacks of the sequence before it drafts),
 its prefix reuse (after a verify it keeps what it evaluated that is still on the path) and
-its early stop (``draft_p_min``, an end-of-generation token). Its methods are generators
-like the steps that call them (``yield from``): each ``yield`` asks for one row of logits
-from one batch and is sent it back, so the scheduler batches the drafting of every sequence.
-Another drafter (an n-gram lookup, a draft with another tokenizer) implements the same
-three methods; a drafter that needs no model simply yields nothing.
+its early stop (``draft_p_min``, an end-of-generation token).
 """
 
 from __future__ import annotations
 
-from typing import Generator, Protocol
+from typing import Generator
 
 import numpy as np
 
-from .events import Stats
-from .runtime import Model, Part
-from .sequence import Seq
-
-# What a step or a drafter asks the scheduler for: one part of one model's next batch. The
-# reply sent back is that part's logits rows (the shared vocabulary's columns).
-Ask = tuple[Model, Part]
-
-
-class Drafter(Protocol):
-    def draft(self, s: Seq, n_max: int) -> Generator[Ask, np.ndarray, tuple[list[int], list[np.ndarray]]]:
-        """Up to ``n_max`` tokens to follow ``s.seq`` and the logits row each was picked from."""
-
-    def consult(self, s: Seq) -> Generator[Ask, np.ndarray, np.ndarray]:
-        """The draft's logits row after ``s.seq``."""
-
-    def rewind(self, s: Seq, start: int) -> None:
-        """Forget what is no longer on ``s.seq``'s path (the first ``start`` tokens are)."""
+from ..events import DRAFT, Stats
+from ..runtime import Model, Part
+from ..sequence import Seq
+from .base import Ask, Counters, DraftGen, Proposal
 
 
 def top_probability(z: np.ndarray) -> float:
@@ -43,20 +26,35 @@ def top_probability(z: np.ndarray) -> float:
 
 
 class ModelDrafter:
-    """Drafts with a small model of the target's vocabulary, in its own KV cells (one
-    llama.cpp sequence per slot), which hold a prefix of the sequence between steps."""
+    kind = "draft"
 
     def __init__(self, model: Model) -> None:
         self.model = model
+        self.counters = Counters()
 
-    def draft(self, s: Seq, n_max: int) -> Generator[Ask, np.ndarray, tuple[list[int], list[np.ndarray]]]:
+    def begin(self, s: Seq) -> Generator[Ask, np.ndarray, None]:
+        """Bring the cells to ``prompt[:-1]``, reusing their longest common prefix; as prompt
+        work (``seconds_prompt``, time to first token), not generation. easd-tf with its gate
+        off never consults the draft: its cells only have to hold a prefix of the sequence."""
+        prompt = s.req.prompt
+        m, slot = self.model, s.slot
+        keep = m.common_prefix(prompt[:-1], seq=slot)
+        m.rollback(keep, slot)
+        if s.cfg.mode_info.target_first and not s.gate_on:
+            return
+        if len(prompt) - 1 > keep:
+            yield m, Part(slot, list(prompt[keep:-1]), ())
+
+    def draft(self, s: Seq, n_max: int) -> DraftGen:
         """One drafting round (one ``yield``) per token: the first catches the cache up with
-        what it lacks of ``s.seq``. Stops at ``n_max`` tokens, after an end-of-generation
-        token, or, as llama.cpp's ``--draft-p-min``, at a round whose top probability is
-        below ``draft_p_min`` (that round's token is not proposed)."""
+        what it lacks of ``s.seq``. Stops at ``n_max`` and ``--draft-max`` tokens, after an
+        end-of-generation token, or, as llama.cpp's ``--draft-p-min``, at a round whose top
+        probability is below ``draft_p_min`` (that round's token is not proposed)."""
+        self.counters.calls += 1
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         pending = s.seq[self.model.seq_len(s.slot):]
+        n_max = min(n_max, s.cfg.gamma)
         while len(tokens) < n_max:
             z = (yield self.model, Part(s.slot, pending))[0]
             _count(s.stats, pending)
@@ -69,7 +67,9 @@ class ModelDrafter:
             if d in s.eog:
                 break
             pending = [d]
-        return tokens, rows
+        if len(tokens) < s.cfg.draft_min:
+            tokens, rows = [], []
+        return Proposal(tokens, rows, DRAFT, self)
 
     def consult(self, s: Seq) -> Generator[Ask, np.ndarray, np.ndarray]:
         """One round: catch up with ``s.seq`` and return the logits after its last token."""
@@ -78,10 +78,13 @@ class ModelDrafter:
         _count(s.stats, pending)
         return z
 
-    def rewind(self, s: Seq, start: int) -> None:
+    def accept(self, s: Seq, proposal: Proposal, n_accepted: int, start: int) -> None:
         """Keep what the cells evaluated that is still on ``s.seq``'s path, short of its last
         token: the next round evaluates that one for its logits (EASD's re-pick with a
         penalty > 0 may re-emit the gated draft token, which the cells already hold)."""
+        if proposal.drafter is self:
+            self.counters.add(len(proposal.tokens), n_accepted)
+        start = min(start, self.model.seq_len(s.slot))
         keep = self.model.common_prefix(s.seq, start=start, seq=s.slot)
         self.model.rollback(min(keep, len(s.seq) - 1), s.slot)
 

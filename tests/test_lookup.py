@@ -1,0 +1,199 @@
+"""Prompt-lookup drafters (ngram-simple, ngram-mod) on the tiny pair in real llama.cpp, the
+length policy's maths, and the point-mass SD rule's law on a numpy fake."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from easd_local.engine import decoding, runtime
+from easd_local.engine import rules as R
+from easd_local.engine.config import DecodeConfig
+from easd_local.engine.drafters import lookup as L
+from easd_local.engine.drafters import policy as P
+from easd_local.engine.events import LOOKUP, BONUS, RESAMPLED, TARGET
+from easd_local.engine.gate import Gate
+from easd_local.engine.pair import Pair
+from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.engine.scheduler import Request, Scheduler
+from easd_local.errors import ConfigError
+
+from fake_models import chi2_stat, chi2_threshold  # tests/ is on sys.path
+from test_scheduler import why_parted
+
+# prompts whose text repeats itself, as code to be edited does: lookups find matches
+REPEATS = ["one two three four five six seven eight one two three four five six seven eight one two",
+           "def f(x): return x + 1\ndef g(x): return x + 1\ndef h(x): return",
+           "the cat sat on the mat. the cat sat on the mat. the cat sat on"]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    m = Model(tiny_target, LoadOptions(n_ctx=512, n_threads=1, n_seq=2))
+    yield m
+    m.close()
+
+
+def _greedy(target, prompt, **kw):
+    target.reset()
+    pair = Pair(draft=None, target=target, n_vocab=target.n_vocab)
+    return decoding.generate_all(target, None, prompt, DecodeConfig(max_tokens=48, **kw), n_vocab=target.n_vocab)
+
+
+@pytest.mark.parametrize("spec_type", ["ngram-simple", "ngram-mod"])
+def test_greedy_lookup_is_the_targets_output(target, spec_type):
+    """Lossless: greedy sd with a lookup drafter emits the target's own tokens (up to a
+    near-tie between a one-token decode and a verify block's row, which must be named), with
+    no draft model loaded at all, and some looked-up tokens were accepted."""
+    looked_up, parted = 0, []
+    for text in REPEATS:
+        prompt = target.vocab.tokenize(text)
+        ref, _ = _greedy(target, prompt, mode="target")
+        fin, ev = _greedy(target, prompt, mode="sd", spec_type=spec_type, spec_ngram_mod_n_match=2)
+        assert fin.stats.draft_calls == 0
+        looked_up += fin.stats.lookup_accepted
+        assert fin.stats.lookup_accepted == sum(e.origin == LOOKUP for e in ev)
+        assert {e.origin for e in ev} <= {LOOKUP, BONUS, RESAMPLED}
+        if fin.tokens != ref.tokens:
+            why = why_parted(Pair(None, target, target.n_vocab), prompt, DecodeConfig(mode="target"), ref, [], fin, ev)
+            assert why, f"{spec_type} on {text!r} parted from the target with no near-tie"
+            parted.append(why)
+    assert looked_up > 0, "the repeating prompts gave no accepted lookup"
+    assert len(parted) <= 1, parted
+
+
+def test_a_step_with_no_match_is_one_decode(target, monkeypatch):
+    """A prompt with no repeated n-gram: every sd step with ngram-simple is exactly one
+    llama_decode of one token on the target, as target mode's."""
+    prompt = list(range(10, 40))  # 30 distinct ids: nothing to look up in the prompt
+    calls = []
+    real = runtime._ll.llama_decode
+
+    def counting(ctx, batch):
+        calls.append(batch.n_tokens)
+        return real(ctx, batch)
+
+    target.reset()
+    pair = Pair(draft=None, target=target, n_vocab=target.n_vocab)
+    sched = Scheduler(pair, 1)
+    # the draft min keeps any chance match of the generated text from proposing
+    sched.submit(Request(prompt, DecodeConfig(mode="sd", spec_type="ngram-simple", max_tokens=6, draft_min=64)))
+    sched.step()  # prefill and the first step
+    monkeypatch.setattr(runtime._ll, "llama_decode", counting)
+    for _ in range(4):
+        before = len(calls)
+        sched.step()
+        assert calls[before:] == [1], calls
+    monkeypatch.setattr(runtime._ll, "llama_decode", real)
+
+
+def test_lookup_in_two_slots_is_one_batch(target, monkeypatch):
+    """Two sequences drafting by lookup share each step's one target batch."""
+    calls = []
+    real = runtime._ll.llama_decode
+
+    def counting(ctx, batch):
+        calls.append(batch.n_tokens)
+        return real(ctx, batch)
+
+    target.reset()
+    pair = Pair(draft=None, target=target, n_vocab=target.n_vocab)
+    sched = Scheduler(pair, 2)
+    cfg = DecodeConfig(mode="sd", spec_type="ngram-simple", max_tokens=24)
+    for text in REPEATS[:2]:
+        sched.submit(Request(target.vocab.tokenize(text), cfg, reuse_cache=False))
+    sched.step()
+    monkeypatch.setattr(runtime._ll, "llama_decode", counting)
+    steps = 0
+    while sched.active == 2:
+        before = len(calls)
+        sched.step()
+        steps += 1
+        assert len(calls) - before == 1, "one target batch per step for both slots"
+    monkeypatch.setattr(runtime._ll, "llama_decode", real)
+    assert steps > 0 and max(calls) > 2, "some step verified looked-up tokens"
+
+
+def test_gated_modes_use_the_draft_model_and_sd_needs_none():
+    assert DecodeConfig(mode="sd", spec_type="ngram-simple").needs_draft_model is False
+    assert DecodeConfig(mode="sd", spec_type="ngram-simple,draft").needs_draft_model is True
+    assert DecodeConfig(mode="easd", spec_type="ngram-simple").drafters == ("draft",)
+    assert DecodeConfig(mode="sd", spec_type="ngram-mod,draft").drafters == ("ngram-mod", "draft")
+    assert DecodeConfig(mode="target", spec_type="ngram-simple").drafters == ()
+    for bad in ("", "ngram-bogus", "draft,draft"):
+        with pytest.raises(ConfigError):
+            DecodeConfig(mode="sd", spec_type=bad).validate()
+
+
+def test_sd_with_lookup_needs_no_draft_model_but_the_model_drafter_does(target):
+    pair = Pair(draft=None, target=target, n_vocab=target.n_vocab)
+    sched = Scheduler(pair, 1)
+    prompt = target.vocab.tokenize(REPEATS[0])
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        sched.submit(Request(prompt, DecodeConfig(mode="sd", spec_type="draft")))
+    sched.submit(Request(prompt, DecodeConfig(mode="sd", spec_type="ngram-simple", max_tokens=2)))
+
+
+# ------------------------------------------------------------------ the maths, no model
+
+
+def test_match_finds_the_last_earlier_occurrence_and_its_length():
+    seq = [1, 2, 3, 4, 9, 1, 2, 3, 4, 7, 5, 2, 3, 4]
+    idx = L._SlotIndex(0, 2)
+    e, length = L.match(seq, idx)
+    assert seq[e] == 7 and length == 3  # "2 3 4" matched at its latest place (after "1", not "5"), followed by 7
+    e, _ = L.match([5, 6, 7, 8], L._SlotIndex(0, 2))
+    assert e == -1
+
+
+def test_best_length_follows_acceptance_and_costs():
+    costs = P.linear_costs(16, 0.29)
+    assert P.best_length(0.1, costs, 16) == 0  # seldom right: the target's own decode
+    assert P.best_length(0.5, costs, 16) == 1
+    assert P.best_length(0.95, costs, 16) >= 8
+    assert P.best_length(0.95, P.linear_costs(16, 1.0), 16) == 0  # a verify as dear as decodes never pays
+    assert P.extend_costs([0.1, 0.2], 4) == pytest.approx((1.0, 2.0, 3.0, 4.0, 5.0))
+
+
+def test_book_stops_proposing_after_rejections_and_explores():
+    book = P.AcceptanceBook(P.linear_costs(16, 0.29))
+    assert book.length(2, 10) >= 1  # the prior: worth one token
+    for _ in range(20):
+        book.record(2, 1, 0)
+    ks = [book.length(2, 10) for _ in range(P.EXPLORE * 2)]
+    assert ks.count(0) == len(ks) - 2 and ks.count(1) == 2  # one exploring token every EXPLORE-th
+    for _ in range(50):
+        book.record(16, 8, 8)
+    assert book.length(16, 16) >= 8
+
+
+def test_point_mass_sd_keeps_the_targets_law():
+    """Sampled SD with a proposal that has no distribution (a point mass on d) emits tokens
+    distributed as p, whether or not d is p's likely token; a rule that skips the residual
+    (resamples from p on rejection, d included) fails the same check."""
+    rng = np.random.default_rng(1)
+    V = 12
+    z = rng.normal(size=(2, V)).astype(np.float32)
+    cfg = DecodeConfig(mode="sd", temperature=0.9, spec_type="ngram-simple")
+    p = R.sampling_probs(z[:1].astype(np.float64), 0.9, 0, 1.0)[0]
+    gate = Gate.of(cfg)
+    n = 20000
+    for d in (int(np.argmax(p)), int(np.argmin(p))):
+        counts = np.zeros(V)
+        broken = np.zeros(V)
+        for _ in range(n):
+            first = R.verify([d], None, z, cfg, gate, rng)[0]
+            counts[first.token] += 1
+            # broken: accept with p(d), else sample p itself
+            broken[d if rng.random() < p[d] else R.sample(p, rng)] += 1
+        stat, df = chi2_stat(counts, p)
+        assert stat < chi2_threshold(df), (d, stat)
+        bstat, bdf = chi2_stat(broken, p)
+        assert bstat > chi2_threshold(bdf), (d, bstat)
+
+
+def test_point_mass_cannot_be_gated():
+    cfg = DecodeConfig(mode="easd", tau_draft=0.0, tau_target=0.0, overlap=0.0)
+    z = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="distributions"):
+        R.verify([1], None, z, cfg, Gate.of(cfg), np.random.default_rng(0))
