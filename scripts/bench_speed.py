@@ -321,7 +321,7 @@ def run_ours(models, prompt_tokens: list[int], mode: str, args, cfg_base) -> Run
     from easd_local.engine.decoding import generate_all
 
     cfg = cfg_base.replace(mode=mode)
-    drafts = cfg.mode_info.needs_draft
+    drafts = cfg.needs_draft_model
     fin, _events = generate_all(models.target, models.draft if drafts else None, prompt_tokens, cfg,
                               n_vocab=models.n_vocab)
     s = fin.stats

@@ -185,7 +185,7 @@ def plan_rerun(rows: Sequence[dict], qid: str, method: str, pair: str | None = N
     buffer types off whatever the row recorded (--no-repack, on a CPU where they crash)."""
     index, row = find_row(rows, qid, method, pair)
     cfg = row_config(row)
-    need_draft, need_target = cfg.mode_info.needs_draft, cfg.mode_info.needs_target
+    need_draft, need_target = cfg.needs_draft_model, cfg.mode_info.needs_target
     notes: list[str] = []
     env = row_env(row)
     if row_model_sha(row, "target") or row_model_sha(row, "draft"):

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..engine import decoding
 from ..store import provenance
 from ..engine.config import DecodeConfig, field_name, parse_value
-from ..engine.modes import MODES, models_needed
+from ..engine.modes import MODES, models_needed, spec_kinds
 from ..errors import ConfigError, NonFiniteLogitsError, RuntimeFailure
 from ..engine.near_ties import gate_margin
 from ..engine.pair import open_models
@@ -110,14 +110,20 @@ def _settings(items: Sequence[tuple[str, str]], origin: str) -> dict[str, Any]:
 
 
 def parse_modes(text: str) -> list[Method]:
-    """``"target,sd,easd"`` -> one method per mode, named by the mode."""
+    """``"target,sd,easd"`` -> one method per mode, named by the mode; ``sd:ngram-simple`` is
+    a mode with one drafter (``--spec-type``), named so."""
     out = []
-    for mode in (m.strip() for m in text.split(",")):
-        if not mode:
+    for name in (m.strip() for m in text.split(",")):
+        if not name:
             continue
+        mode, _, spec = name.partition(":")
         if mode not in MODES:
             raise ConfigError(f"--modes: unknown mode {mode!r}; modes: {', '.join(MODES)}")
-        out.append(Method(mode, {"mode": mode}, f"--modes {mode}"))
+        changes: dict[str, Any] = {"mode": mode}
+        if spec:
+            spec_kinds(spec)
+            changes["spec_type"] = spec
+        out.append(Method(name, changes, f"--modes {name}"))
     if not out:
         raise ConfigError("--modes is empty; give a comma-separated list of: " + ", ".join(MODES))
     return out
@@ -220,7 +226,7 @@ def pair_specs(
     """Catalog pairs (``--pair``, in order) then file pairs (the i-th ``--draft`` with the
     i-th ``--target``); the default catalog pair when none is given. A side may be left
     out only when no method needs it (``--modes target`` needs no draft)."""
-    need_draft, need_target = models_needed(m.mode for m in methods)
+    need_draft, need_target = models_needed((m.mode, m.changes.get("spec_type", "draft")) for m in methods)
     mode = "easd" if (need_draft and need_target) else ("target" if need_target else "draft")
     drafts, targets = list(drafts), list(targets)
     if drafts and targets and len(drafts) != len(targets):
@@ -472,7 +478,7 @@ def run_plan(plan: Plan, out: ResultsFile) -> Iterator[Event]:
         if not todo:
             continue
         yield PairLoading(pr.label, index, sum(len(runs) for _, runs in todo))
-        need_draft, need_target = models_needed({run.cfg.mode for run in pr.runs})
+        need_draft, need_target = models_needed({(run.cfg.mode, run.cfg.spec_type) for run in pr.runs})
         t0 = time.perf_counter()
         # hashed before loading: a model file changed under a loaded model would be misnamed
         # (each file is hashed once; later runs read the hash cache)

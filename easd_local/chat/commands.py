@@ -96,7 +96,8 @@ def _stats(s: Session, arg: str) -> CommandResult:
     # consults for target-first turns
     spec = []
     if st["drafted"]:
-        spec.append(acceptance_text(st["drafted"], st["draft_accepted"], st["mean_accepted_len"]))
+        spec.append(acceptance_text(st["drafted"], st["draft_accepted"] + st.get("lookup_accepted", 0),
+                                    st["mean_accepted_len"]))
     if st["draft_consult_rate"] is not None:
         spec.append(f"draft consulted at {100 * st['draft_consult_rate']:.0f}% of easd-tf positions")
     spec.append(f"EASD fires {st['easd_fires']} ({st['easd_fires_per_100']:.1f}/100 tokens)")

@@ -19,7 +19,7 @@ from typing import Iterator, Union
 
 from ..engine.config import RANDOM_SEED, DecodeConfig, apply_settings
 from ..engine.decoding import Finished, Stats, Stopper, TokenEvent, generate
-from ..engine.modes import mode_info
+from ..engine.pair import Pair
 from ..engine.runtime import Model
 from ..engine.text import check_text
 from ..errors import ConfigError, ContextOverflowError, EasdError
@@ -97,6 +97,7 @@ class SessionTotals:
             "mean_accepted_len": s.mean_accepted_len,
             "drafted": s.drafted,
             "draft_accepted": s.draft_accepted,
+            "lookup_accepted": s.lookup_accepted,
             "draft_consult_rate": s.draft_consult_rate,
             "easd_fires": s.easd_fires,
             "easd_fires_per_100": s.easd_fires_per_100,
@@ -105,11 +106,13 @@ class SessionTotals:
         }
 
 
-def check_mode(mode: str, target: Model | None, draft: Model | None) -> None:
-    """ConfigError when the chat lacks a model that ``mode`` needs."""
-    info = mode_info(mode)
-    if info.needs_draft and draft is None:
-        raise ConfigError(f"mode {mode} needs a draft model, and this chat was started without one")
+def check_mode(cfg: DecodeConfig, target: Model | None, draft: Model | None) -> None:
+    """ConfigError when the chat lacks a model that ``cfg``'s mode (with its drafters) needs."""
+    mode, info = cfg.mode, cfg.mode_info
+    if cfg.needs_draft_model and draft is None:
+        uses = "" if info.needs_draft else f" with --spec-type {cfg.spec_type}"
+        raise ConfigError(f"mode {mode}{uses} needs the draft model, which this chat did not load "
+                          "(start it with --mode or --spec-type that uses it)")
     if info.needs_target and target is None:
         raise ConfigError(f"mode {mode} needs a target model, and this chat was started without one")
 
@@ -153,14 +156,17 @@ class ChatSession:
         thresholds_source: str = "default",
         transcript: TranscriptWriter | None = None,
         label: str = "",
+        verify_costs=None,
     ):
         if target is None and draft is None:
             raise ValueError("a chat needs at least one model")
         self.target = target
         self.draft = draft
         self.n_vocab = n_vocab or min(m.n_vocab for m in (target, draft) if m is not None)
-        check_mode(cfg.mode, self.target, self.draft)
+        check_mode(cfg, self.target, self.draft)
         self.cfg = cfg.validate(self.n_vocab)
+        # one pair for the whole chat: its drafters (a learning lookup) keep what they saw
+        self.pair = Pair(draft=draft, target=target, n_vocab=self.n_vocab, verify_costs=verify_costs)
         self.system = system or None
         self.thresholds_source = thresholds_source
         self.transcript = transcript
@@ -261,7 +267,7 @@ class ChatSession:
         stopper = Stopper()
         self._pending = {"pieces": [], "n": 0, "mode": cfg.mode, "stopper": stopper}
         try:
-            for ev in generate(self.target, self.draft, prompt, cfg, n_vocab=self.n_vocab,
+            for ev in generate(self.target, self.draft, prompt, cfg, n_vocab=self.n_vocab, pair=self.pair,
                                thresholds_source=self.thresholds_source, stopper=stopper):
                 if isinstance(ev, Finished):
                     yield self._finish(ev)
@@ -319,8 +325,9 @@ class ChatSession:
         return jsonable(dataclasses.asdict(self.cfg))
 
     def set_mode(self, mode: str) -> None:
-        check_mode(mode, self.target, self.draft)
-        self.cfg = self.cfg.replace(mode=mode)
+        cfg = self.cfg.replace(mode=mode)
+        check_mode(cfg, self.target, self.draft)
+        self.cfg = cfg
         self._log("mode", mode=mode)
 
     def apply_setting(self, key: str, value: str) -> dict:
@@ -328,8 +335,8 @@ class ChatSession:
         returns the fields that changed. ConfigError, with nothing changed, for a bad key or
         value."""
         cfg = apply_settings(self.cfg, {key: value}).validate(self.n_vocab)
-        if cfg.mode != self.cfg.mode:
-            check_mode(cfg.mode, self.target, self.draft)
+        if (cfg.mode, cfg.spec_type) != (self.cfg.mode, self.cfg.spec_type):
+            check_mode(cfg, self.target, self.draft)
         changed = {k: v for k, v in dataclasses.asdict(cfg).items() if getattr(self.cfg, k) != v}
         self.cfg = cfg
         if {"tau_draft", "tau_target"} & changed.keys():

@@ -223,17 +223,18 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         o.decode_config(CHAT_DEFAULTS, **flags)  # every value is checked before any model loads
         topts, dopts = o.llama_options(kw)
         spec, cfg, source, why = o.pair_and_config(kw, flags, CHAT_DEFAULTS)
-        # load every model that was given, so that /mode can switch between them
+        # the draft model only when the chosen way uses it (/mode easd then asks for a restart)
         with spinner(f"loading {spec.label}"):
-            models = open_models(spec.draft, spec.target, topts, dopts)
+            models = open_models(o.load_draft(spec, cfg), spec.target, topts, dopts)
         with models:
             transcript = TranscriptWriter.new()
             session = ChatSession(
                 models.target, models.draft, cfg, n_vocab=models.n_vocab, system=system,
                 thresholds_source=source, transcript=transcript, label=spec.label,
+                verify_costs=o.verify_costs(spec, kw),
             )
             try:
-                for line, style in banner(spec.label, cfg.mode, why, session.n_ctx, cfg, placement_line(models),
+                for line, style in banner(spec.label, o.mode_label(cfg), why, session.n_ctx, cfg, placement_line(models),
                                           asked_ctx=kw["ctx"]):
                     _note(line, style)
                 if show_origin and sys.stdout.isatty():

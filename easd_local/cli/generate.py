@@ -56,16 +56,16 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             check_text(system, "the system message")
         spec, cfg, source, why = o.pair_and_config(kw, flags, DecodeConfig())
         info = cfg.mode_info
-        if why and spec.draft is not None and not info.gated:
-            # auto picked a lossless mode although a draft is there: the pair's verdict said so
-            err_console.print(Text(f"note: mode {cfg.mode}: {why}", style="dim"), soft_wrap=True)
+        if why:
+            err_console.print(Text(f"note: mode {o.mode_label(cfg)}: {why}", style="dim"), soft_wrap=True)
         with spinner(f"loading {spec.label}"):
             models = open_models(
                 # target mode given only a draft file: loaded so that the mode's check names the missing target
-                spec.draft if info.needs_draft or spec.target is None else None,
+                o.load_draft(spec, cfg),
                 spec.target if info.needs_target else None,
                 topts, dopts,
             )
+        models.verify_costs = o.verify_costs(spec, kw)
         with models:
             main = models.target if models.target is not None else models.draft
             cfg.validate(models.n_vocab)
@@ -86,7 +86,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             events = []
             fin = None
             out = sys.stdout
-            stream = decode_stream(models.target, models.draft, tokens, cfg, n_vocab=models.n_vocab,
+            stream = decode_stream(models.target, models.draft, tokens, cfg, n_vocab=models.n_vocab, pair=models,
                                    thresholds_source=source)
             for ev in until_first(stream, f"evaluating the prompt ({len(tokens)} tokens)"):
                 if isinstance(ev, Finished):
@@ -107,6 +107,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 margin = gate_margin(events, cfg.tau_draft, cfg.tau_target, cfg.overlap)
                 obj = {"text": fin.text, "pair": spec.label, **fin.stats.to_dict(), **margin.to_stats(),
                        **run_settings(cfg, spec), "lossless": reason is None, "completion_tokens": fin.tokens,
+                       "mode_auto": bool(why), "mode_reason": why or None,
                        "placement": placement(models), "provenance": prov.to_dict()}
                 out.write(json.dumps(obj, ensure_ascii=False) + "\n")
             else:

@@ -16,12 +16,10 @@ import typer
 
 from ..engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, FIELD_TYPES, MODES, DecodeConfig, LOSSLESS_HELP
 from ..errors import ConfigError
-from ..engine.modes import auto_mode
+from ..engine.ways import auto_mode
 from ..engine.rpc import parse_endpoints, parse_tensor_split
 from ..engine.devices import gpu_offload_supported
 from ..engine.runtime import LoadOptions
-from ..engine.verdict import losing
-from ..store.profiles import find_verdicts
 from ..store.resolve import PairFiles, resolve_config, resolve_pair
 
 
@@ -125,9 +123,9 @@ class DecodeOpts:
 
 # generate's and calibrate's defaults (chat has its own: easd_local.chat.CHAT_DEFAULTS)
 # the one wording of auto_mode's rule, for every command's --help
-AUTO_MODE_RULE = ("auto: a lossless mode (target on a CPU build, sd with GPU offload) where the pair's recorded "
-                  "verdict shows EASD significantly worse, as the default pair's does; otherwise easd-tf on a CPU "
-                  "build, easd with GPU offload")
+AUTO_MODE_RULE = ("auto: the fastest lossless way (target, sd with prompt lookup, sd with the draft model, or "
+                  "both) as `easd-local pair costs` measured it on this machine; unmeasured: target (sd with GPU "
+                  "offload)")
 GEN = DecodeOpts(DecodeConfig(), mode_default=AUTO_MODE_RULE)
 
 
@@ -236,21 +234,62 @@ def decode_config(base: DecodeConfig, **flags) -> DecodeConfig:
     return base.replace(**changes)
 
 
+def mode_label(cfg: DecodeConfig) -> str:
+    """The mode with its drafters, as bench's --modes and ``ways`` name it: ``sd:ngram-simple``
+    (``sd`` alone: the draft model)."""
+    kinds = cfg.drafters
+    if not kinds or kinds == ("draft",):
+        return cfg.mode
+    return f"{cfg.mode}:{'+'.join(kinds)}"
+
+
+def load_draft(spec: PairFiles, cfg: DecodeConfig):
+    """The draft file to load: only when the mode and drafters use it (or it is the only model)."""
+    return spec.draft if cfg.needs_draft_model or spec.target is None else None
+
+
+def measured(spec: PairFiles, kw: dict) -> dict | None:
+    """What ``easd-local pair costs`` recorded for this pair with these load options on this
+    machine (speed ratios of the lossless ways, verify costs), or None."""
+    if spec.target is None:
+        return None
+    from ..store import costs
+
+    try:
+        key = costs.costs_key(spec.draft, spec.target, kw["threads"], kw["n_gpu_layers"],
+                              False if kw["no_repack"] else None)
+    except OSError:
+        return None
+    return costs.find(key)
+
+
+def verify_costs(spec: PairFiles, kw: dict):
+    """The recorded verify costs (one-token decodes per k drafted tokens) for the lookup
+    drafters' proposal lengths, or None (they then assume ``drafters.policy.DEFAULT_SLOPE``)."""
+    m = measured(spec, kw)
+    return m.get("verify_costs") if m else None
+
+
 def pair_and_config(kw: dict, flags: dict, base: DecodeConfig) -> tuple[PairFiles, DecodeConfig, str, str]:
     """The pair that ``kw``'s MODEL_OPTIONS name (downloaded as --yes says) and the decoding
-    settings for it: ``flags`` > the pair's profile > ``base``, with ``auto_mode``'s pick
-    when --mode is not given (one rule for every command). Returns (pair, settings, where
-    the thresholds came from, why this mode: "" when --mode chose it)."""
+    settings for it: ``flags`` > the pair's profile > ``base``, with ``ways.auto_mode``'s
+    pick (mode and drafters: the fastest lossless way measured on this machine) when --mode
+    is not given (one rule for every command). Returns (pair, settings, where the thresholds
+    came from, why this mode: "" when --mode chose it)."""
     from .pull_ui import DownloadUI
 
     mode = kw["mode"]
     with DownloadUI(kw["yes"]) as dl:
-        spec = resolve_pair(kw["pair"], kw["draft"], kw["target"], mode=mode or "easd", confirm=dl.confirm,
-                            progress=dl.progress)
+        spec = resolve_pair(kw["pair"], kw["draft"], kw["target"], mode=mode or "target",
+                            spec_type=flags.get("spec_type") or "draft", confirm=dl.confirm, progress=dl.progress)
     why = ""
+    chosen = {}
     if mode is None:
-        verdicts = find_verdicts(spec.draft, spec.target, spec.entry)
-        mode, why = auto_mode(gpu_offload_supported(), kw["n_gpu_layers"], spec.draft is not None,
-                              losing(verdicts), measured=bool(verdicts))
-    cfg, source = resolve_config(base, spec, {**flags, "mode": mode})
+        m = measured(spec, kw)
+        on_gpu = gpu_offload_supported() and kw["n_gpu_layers"] != 0
+        choice = auto_mode(on_gpu, spec.draft is not None, m["ratios"] if m else None)
+        mode, why = choice.mode, choice.why
+        if flags.get("spec_type") is None:
+            chosen["spec_type"] = choice.spec_type
+    cfg, source = resolve_config(base, spec, {**flags, **chosen, "mode": mode})
     return spec, cfg, source, why

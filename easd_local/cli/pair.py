@@ -32,6 +32,7 @@ from ..store.catalog import load_catalog, local_path
 from ..store.profiles import file_id
 from ..store.resolve import PairFiles, catalog_model, model_label, resolve_config, resolve_model
 from . import options as o
+from . import pair_costs
 from .common import console, err_console, friendly
 from .progress import spinner
 from .pull_ui import DownloadUI
@@ -185,8 +186,10 @@ def _measured_table(res: dict) -> Table | None:
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
-    pair_app = typer.Typer(help="Know a draft/target pair without generating: `pair score`.", no_args_is_help=True)
+    pair_app = typer.Typer(help="Know a draft/target pair: `pair score` (without generating), `pair costs` (the "
+                                "lossless ways' speeds on this machine).", no_args_is_help=True)
     app.add_typer(pair_app, name="pair")
+    pair_costs.register_on(pair_app)
 
     @pair_app.command("score")
     @friendly

@@ -6,15 +6,16 @@ import math
 from typing import Iterable
 
 from ..engine.decoding import BONUS, DRAFT, EASD, RESAMPLED, TRACE_NAMES, Stats, TokenEvent, acceptance_text
+from ..engine.events import LOOKUP
 from ..jsonsafe import json_number
 from ..engine.modes import mode_info
 from ..engine.devices import backends, system_info
 from ..units import human_size
 
 # the target's own choices (target mode, easd-tf) and draft mode's tokens stay plain
-ORIGIN_STYLE = {DRAFT: "green", RESAMPLED: "yellow", EASD: "bold magenta", BONUS: "cyan"}
+ORIGIN_STYLE = {DRAFT: "green", RESAMPLED: "yellow", EASD: "bold magenta", BONUS: "cyan", LOOKUP: "blue"}
 LEGEND = (
-    "[green]draft-accepted[/]  [yellow]target-resampled[/]  "
+    "[green]draft-accepted[/]  [blue]lookup-accepted[/]  [yellow]target-resampled[/]  "
     "[bold magenta]EASD-resampled[/]  [cyan]bonus[/]  target"
 )
 
@@ -23,7 +24,7 @@ def status_line(s: Stats, where: str = "") -> str:
     parts = [f"{s.mode}", f"{s.tokens} tokens", f"{s.tokens_per_s:.1f} tok/s", f"ttft {s.ttft_s:.2f}s"]
     info = mode_info(s.mode)
     if info.speculative:
-        parts.append(acceptance_text(s.drafted, s.draft_accepted, s.mean_accepted_len))
+        parts.append(acceptance_text(s.drafted, s.drafts_emitted, s.mean_accepted_len))
     if info.gated:
         parts.append(f"EASD fires {s.easd_fires}")
         if info.target_first:
@@ -140,6 +141,6 @@ def placement_line(models, form: str = "banner") -> str:
 def run_settings(cfg, spec) -> dict:
     """What a --json reader needs to repeat the run beyond the Stats' own settings."""
     return {"top_k": cfg.top_k, "top_p": cfg.top_p, "seed": cfg.seed, "max_tokens": cfg.max_tokens,
-            "draft_p_min": cfg.draft_p_min,
+            "draft_p_min": cfg.draft_p_min, "spec_type": cfg.spec_type,
             "draft_path": str(spec.draft) if spec.draft is not None else None,
             "target_path": str(spec.target) if spec.target is not None else None}

@@ -104,11 +104,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         spec, cfg, source, why = o.pair_and_config(kw, flags, DecodeConfig())
         sock = listen_socket(host, port)
         _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host, webui,
-             cache_prompt=cache_prompt, slot_similarity=slot_similarity, cache_ram=cache_ram)
+             cache_prompt=cache_prompt, slot_similarity=slot_similarity, cache_ram=cache_ram,
+             verify_costs=o.verify_costs(spec, kw))
 
 
 def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host,
-         webui=True, cache_prompt=True, slot_similarity=0.1, cache_ram=0) -> None:
+         webui=True, cache_prompt=True, slot_similarity=0.1, cache_ram=0, verify_costs=None) -> None:
     import uvicorn
 
     from ..server.app import ServeConfig, create_app
@@ -126,7 +127,12 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
         err_console.print(placement_line(pair), style="dim", soft_wrap=True)
         return provenance.collect(spec.draft, spec.target, topts, dopts, parallel=parallel).to_dict()
 
-    engine = Engine(lambda: open_models(spec.draft, spec.target, topts, dopts), parallel, queue,
+    def load():
+        pair = open_models(o.load_draft(spec, cfg), spec.target, topts, dopts)
+        pair.verify_costs = verify_costs
+        return pair
+
+    engine = Engine(load, parallel, queue,
                     on_load_failed=on_load_failed, on_loaded=on_loaded, cache_prompt=cache_prompt,
                     slot_similarity=slot_similarity, cache_ram=cache_ram << 20)
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
@@ -136,7 +142,7 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
     server_box.append(server)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    err_console.print(f"easd-local serve · {spec.label} · mode {cfg.mode}{f' (auto: {why})' if why else ''} · "
+    err_console.print(f"easd-local serve · {spec.label} · mode {o.mode_label(cfg)}{f' (auto: {why})' if why else ''} · "
                       f"--parallel {parallel} · prompt cache "
                       f"{(f'on (+ {cache_ram} MiB host memory)' if cache_ram else 'on') if cache_prompt else 'off'} · "
                       f"thresholds: {source}")

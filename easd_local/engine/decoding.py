@@ -68,6 +68,7 @@ def generate(
     stop_tokens: Sequence[int] = (),
     rng_seed: int | None = None,
     stopper: Stopper | None = None,
+    pair: Pair | None = None,
 ) -> Iterator[Event]:
     """Decode from ``prompt`` with ``cfg.mode``; yield TokenEvents then one Finished.
 
@@ -75,9 +76,12 @@ def generate(
     caches it reuses by longest common prefix). ``n_vocab`` is the shared vocabulary of
     the pair (logits beyond it are ignored); ``rng_seed`` seeds the sampling generator
     (default ``cfg.seed``). A failure inside the sequence is raised. ``stopper``: see
-    :class:`Stopper`."""
+    :class:`Stopper`. ``pair``: the same models' ``Pair``, whose drafters a caller keeps
+    across generations (a chat's turns); by default one for this generation."""
     V = n_vocab or min(m.n_vocab for m in (target, draft) if m is not None)
-    sched = Scheduler(Pair(draft=draft, target=target, n_vocab=V), 1)
+    if pair is None:
+        pair = Pair(draft=draft, target=target, n_vocab=V)
+    sched = Scheduler(pair, 1)
     rid = sched.submit(Request(prompt, cfg, thresholds_source=thresholds_source, stop_tokens=stop_tokens,
                                rng_seed=rng_seed))
     if stopper is not None:

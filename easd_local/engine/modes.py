@@ -8,18 +8,8 @@ strings, so adding a mode means adding a row here (and its step in ``steps``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from ..errors import ConfigError
-
-
-class Loss(Protocol):
-    """What ``auto_mode`` reads of a recorded verdict (``verdict.Verdict``, which reads this
-    module's table) that shows an EASD mode losing."""
-
-    method: str
-
-    def summary(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -134,31 +124,3 @@ def models_needed(modes, spec_type: str = "draft") -> tuple[bool, bool]:
     pairs = [m if isinstance(m, tuple) else (m, spec_type) for m in modes]
     return (any(needs_draft_model(m, st) for m, st in pairs),
             any(mode_info(m).needs_target for m, _ in pairs))
-
-
-MEASURE_HINT = ("no measurement of EASD on this pair yet: `easd-local bench --modes target,easd-tf ...` then "
-                "`easd-local bench report RESULTS --record-verdict`")
-
-
-def auto_mode(gpu_offload: bool, n_gpu_layers: int, have_draft: bool, losing: Loss | None = None,
-              measured: bool = False) -> tuple[str, str]:
-    """The mode chat, generate and serve pick when none is given, and why (shown in chat's
-    banner, serve's load line and generate's note).
-
-    EASD is not lossless, so a pair whose recorded verdict (``losing``) shows an EASD mode
-    significantly worse than a lossless one gets the faster lossless mode: the target alone
-    on a CPU, SD with layers on a GPU. Otherwise: on a CPU a verify batch of gamma+1 tokens
-    costs several one-token decodes, so SD and EASD built on it run slower than the target
-    alone there (scripts/bench_modes.py); target-first EASD keeps EASD's gate at close to the
-    target's speed. With layers on a GPU, batched verification is nearly free and the SD
-    path is the fast one. ``measured``: the pair has verdicts (none of them a loss)."""
-    on_gpu = gpu_offload and n_gpu_layers != 0
-    if not have_draft:
-        return "target", "only a target was given"
-    if losing is not None:
-        mode = "sd" if on_gpu else "target"
-        return mode, f"{losing.summary()}; --mode {losing.method} to use it"
-    hint = "" if measured else f"; {MEASURE_HINT}"
-    if on_gpu:
-        return "easd", "GPU offload: EASD on speculative decoding" + hint
-    return "easd-tf", "CPU-only: target-first EASD is the faster path here (/mode easd for the SD path)" + hint

@@ -1,7 +1,7 @@
 """What a finished comparison found about an EASD mode on one pair: its accuracy against a
 lossless mode's on the same problems, paired wins and losses, and the exact McNemar p-value.
 
-A pair's verdicts decide its default mode (``modes.auto_mode``): EASD is not lossless, so
+A pair's verdicts are named where its default mode is chosen (``ways.auto_mode``): EASD is not lossless, so
 where the project's own measurement says it is significantly worse for a pair, that pair is
 not given it unless asked for by name. Pure data; ``store.verdicts`` keeps them on disk and
 ``bench report --record-verdict`` writes them.

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..engine.decoding import BONUS, DRAFT, EASD, RESAMPLED, Stats, TokenEvent
+from ..engine.events import LOOKUP
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 disable_created_metrics()  # no *_created series: start times say nothing here
@@ -34,6 +35,8 @@ class Metrics:
         self.sd_accepted = Counter("easd_sd_accepted_tokens", "Draft tokens the SD test accepted, gated ones "
                                    "included (finished requests).", ["mode"], registry=r)
         self.draft_accepted = Counter("easd_draft_accepted_tokens", "Draft tokens emitted.", ["mode"], registry=r)
+        self.lookup_accepted = Counter("easd_lookup_accepted_tokens", "Looked-up tokens emitted (a lookup drafter: "
+                                       "--spec-type ngram-simple, ngram-mod).", ["mode"], registry=r)
         self.sd_rejections = Counter("easd_sd_rejections", "Tokens resampled by the target after an SD rejection.",
                                      ["mode"], registry=r)
         self.gate_fires = Counter("easd_gate_fires", "Tokens where the EASD gate fired and the target picked again.",
@@ -52,7 +55,7 @@ class Metrics:
     def token(self, mode: str, ev: TokenEvent) -> None:
         self.generated.labels(mode).inc()
         counter = {DRAFT: self.draft_accepted, EASD: self.gate_fires, BONUS: self.bonus,
-                   RESAMPLED: self.sd_rejections}.get(ev.origin)
+                   RESAMPLED: self.sd_rejections, LOOKUP: self.lookup_accepted}.get(ev.origin)
         if counter is not None:
             counter.labels(mode).inc()
 

@@ -61,7 +61,7 @@ def timings_from_stats(stats: Stats, cfg: DecodeConfig, queue_s: float) -> dict:
         "prompt_per_second": _rate(evaluated, stats.seconds_prompt),
         "predicted_n": stats.tokens, "predicted_ms": _ms(gen_s), "predicted_per_second": stats.tokens_per_s,
         "queue_ms": _ms(queue_s), "ttft_ms": _ms(stats.ttft_s),
-        "draft_n": stats.drafted, "draft_n_accepted": stats.draft_accepted, "sd_accepted": stats.accepted,
+        "draft_n": stats.drafted, "draft_n_accepted": stats.drafts_emitted, "sd_accepted": stats.accepted,
         "sd_rejections": stats.sd_rejections, "gate_fires": stats.easd_fires, "bonus": stats.bonus,
         "target_tokens": stats.target_tokens, "draft_consults": stats.draft_consults,
         "acceptance_rate": stats.acceptance_rate, "mean_accepted_len": stats.mean_accepted_len,

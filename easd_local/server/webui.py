@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from ..engine.config import DecodeConfig, not_lossless
 from ..engine.decoding import ORIGINS, json_number
-from ..engine.modes import MODE_TABLE, MODES
+from ..engine.modes import MODE_TABLE, MODES, needs_draft_model
 from ..engine.pair import Pair
 from .responses import lossless
 
@@ -65,7 +65,7 @@ def props(model_name: str, base: DecodeConfig, thresholds_source: str, pair: Pai
     modes = []
     for name in MODES:
         m = MODE_TABLE[name]
-        if (m.needs_draft and pair.draft is None) or (m.needs_target and pair.target is None):
+        if (needs_draft_model(name, base.spec_type) and pair.draft is None) or (m.needs_target and pair.target is None):
             continue  # this server did not load the model the mode needs
         modes.append({"name": name, "lossless": m.lossless, "gated": m.gated, "speculative": m.speculative,
                       "note": not_lossless(name) or "lossless: the output is the target's own"})
@@ -74,6 +74,7 @@ def props(model_name: str, base: DecodeConfig, thresholds_source: str, pair: Pai
         "top_p": base.top_p, "gamma": base.gamma, "tau_draft": json_number(base.tau_draft),
         "tau_target": json_number(base.tau_target), "top_n": base.top_n, "overlap": base.overlap,
         "penalty": base.penalty, "lossless": lossless(base), "thresholds_source": thresholds_source,
+        "spec_type": base.spec_type,
     }
     return {"model": model_name, "defaults": defaults, "modes": modes, "origins": list(ORIGINS),
             "n_vocab": pair.n_vocab, "webui": webui}

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from ..engine.config import DecodeConfig
 from ..errors import ConfigError
-from ..engine.modes import mode_info
+from ..engine.modes import mode_info, needs_draft_model
 from .profiles import Profile, apply_thresholds, find_profile
 
 
@@ -87,6 +87,7 @@ def resolve_pair(
     target: str | Path | None,
     *,
     mode: str = "easd",
+    spec_type: str = "draft",
     confirm: Callable[[list], bool] = lambda missing: True,
     progress=None,
 ) -> PairFiles:
@@ -96,7 +97,8 @@ def resolve_pair(
         if pair is not None:
             raise ConfigError("give either --pair or --draft/--target, not both")
         info = mode_info(mode)
-        one_model = (not info.needs_draft and target is not None) or (not info.needs_target and draft is not None)
+        one_model = ((not needs_draft_model(mode, spec_type) and target is not None)
+                     or (not info.needs_target and draft is not None))
         if (draft is None or target is None) and not one_model:
             missing = "--draft" if draft is None else "--target"
             raise ConfigError(f"{missing} is missing: give both --draft and --target (or --pair NAME)")
