@@ -9,8 +9,9 @@ cost, so a drafter whose proposals are seldom accepted stops proposing (k = 0: t
 the target's own decode) and one that copies a text proposes long blocks.
 
 Acceptance is counted per bucket of match length (a lookup that matched the last 8 tokens of
-the text is more often right than one that matched 2), with a prior of one acceptance and one
-rejection. A bucket whose best length is 0 still proposes one token on every
+the text is more often right than one that matched 2), from a prior worth two proposals that
+expects a match of L tokens to go on with probability 1 − 1/(L + 1) (2: 0.67, 4: 0.8, 8:
+0.89), so that a text being copied is proposed in long blocks from its first match. A bucket whose best length is 0 still proposes one token on every
 ``EXPLORE``-th match, so that it can learn that the text has started to repeat.
 """
 
@@ -25,6 +26,7 @@ from typing import Sequence
 DEFAULT_SLOPE = 0.29
 EXPLORE = 8
 BUCKETS = (2, 3, 4, 6, 8, 12, 16)  # a match of at least this many tokens falls in this bucket
+PRIOR = 2.0  # the prior's weight, in tokens
 
 
 def linear_costs(k_max: int, slope: float = DEFAULT_SLOPE) -> tuple[float, ...]:
@@ -72,8 +74,8 @@ class AcceptanceBook:
     next request starts with what the last one learnt."""
 
     costs: tuple[float, ...]
-    accepted: list[int] = field(default_factory=lambda: [1] * len(BUCKETS))
-    rejected: list[int] = field(default_factory=lambda: [1] * len(BUCKETS))
+    accepted: list[float] = field(default_factory=lambda: [PRIOR * (1 - 1 / (lo + 1)) for lo in BUCKETS])
+    rejected: list[float] = field(default_factory=lambda: [PRIOR / (lo + 1) for lo in BUCKETS])
     skipped: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
 
     def rate(self, b: int) -> float:
