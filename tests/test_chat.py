@@ -119,10 +119,10 @@ def test_chat_two_turns_and_commands(tiny_draft, tiny_target, home, tmp_path):
     assert kinds.count("user") == 2 and kinds.count("assistant") == 2
     assert "mode" in kinds and "set" in kinds and "system" in kinds and "reset" in kinds
     replies = [row for row in rows if row["event"] == "assistant"]
-    from easd_local.engine.modes import auto_mode
+    from easd_local.engine.ways import auto_mode
     from easd_local.engine.devices import gpu_offload_supported
 
-    assert replies[0]["stats"]["mode"] == auto_mode(gpu_offload_supported(), -1, True)[0]
+    assert replies[0]["stats"]["mode"] == auto_mode(gpu_offload_supported(), True).mode
     assert replies[1]["stats"]["mode"] == "sd"
     assert replies[1]["stats"]["gamma"] == 2 and replies[0]["stats"]["tokens"] == 12
 
@@ -405,13 +405,12 @@ def test_stats_shows_the_figures_of_the_modes_used(tiny_draft, tiny_target, tmp_
         s.close()
 
 
-def test_auto_mode_picks_the_path_for_the_hardware():
-    from easd_local.engine.modes import auto_mode
+def test_auto_mode_without_measurements_is_lossless_for_the_hardware():
+    from easd_local.engine.ways import auto_mode
 
-    assert auto_mode(False, -1, True)[0] == "easd-tf"
-    assert auto_mode(True, -1, True)[0] == "easd"
-    assert auto_mode(True, 0, True)[0] == "easd-tf"  # GPU build but nothing offloaded
-    assert auto_mode(True, -1, False)[0] == "target"
+    assert auto_mode(False, True).mode == "target" and "pair costs" in auto_mode(False, True).why
+    assert (auto_mode(True, True).mode, auto_mode(True, True).spec_type) == ("sd", "draft")  # layers on a GPU
+    assert auto_mode(True, False).mode == "target"
 
 
 def test_banner_says_which_mode_was_chosen(tiny_draft, tiny_target, tmp_path, monkeypatch):
@@ -423,9 +422,10 @@ def test_banner_says_which_mode_was_chosen(tiny_draft, tiny_target, tmp_path, mo
     r = CliRunner().invoke(app, ["chat", "--draft", str(tiny_draft), "--target", str(tiny_target),
                                  "--max-tokens", "4", "--threads", "1"], input="hi\n")
     assert r.exit_code == 0, r.output
-    from easd_local.engine.modes import auto_mode
+    from easd_local.engine.ways import auto_mode
     from easd_local.engine.devices import gpu_offload_supported
 
-    mode, why = auto_mode(gpu_offload_supported(), -1, True)
+    c = auto_mode(gpu_offload_supported(), True)
+    mode, why = c.mode, c.why
     assert f"mode {mode} (auto: {why})" in r.output
     assert f"{mode} · 4 tokens" in r.output

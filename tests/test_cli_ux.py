@@ -83,12 +83,13 @@ def test_generate_json_repeats_its_run(tiny_draft, tiny_target):
 
 
 def test_same_rule_for_the_mode_in_generate_and_chat(tiny_draft, tiny_target):
-    from easd_local.engine.modes import auto_mode
+    from easd_local.engine.ways import auto_mode
     from easd_local.engine.devices import gpu_offload_supported
 
     obj = _last_json(runner.invoke(app, ["generate", "hi", "-m", str(tiny_target), "-md", str(tiny_draft), "-n", "3",
                                          "-t", "1", "--json"]))
-    assert obj["mode"] == auto_mode(gpu_offload_supported(), -1, True)[0]
+    assert obj["mode"] == auto_mode(gpu_offload_supported(), True).mode
+    assert obj["mode_auto"] is True and obj["mode_reason"] == auto_mode(gpu_offload_supported(), True).why
 
 
 def test_chat_banner_lossless_note_and_transcript_path(tiny_draft, tiny_target, _home):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Callable, Iterator, Union
 
 from ..engine.config import RANDOM_SEED, DecodeConfig, apply_settings
 from ..engine.decoding import Finished, Stats, Stopper, TokenEvent, generate
@@ -157,12 +157,16 @@ class ChatSession:
         transcript: TranscriptWriter | None = None,
         label: str = "",
         verify_costs=None,
+        load_draft: Callable[[], Model] | None = None,
     ):
         if target is None and draft is None:
             raise ValueError("a chat needs at least one model")
         self.target = target
         self.draft = draft
         self.n_vocab = n_vocab or min(m.n_vocab for m in (target, draft) if m is not None)
+        # the draft model is loaded when a mode first needs it (chat starts without it when its
+        # default way does not use it): the caller's loader, which also closes it
+        self._load_draft = load_draft
         check_mode(cfg, self.target, self.draft)
         self.cfg = cfg.validate(self.n_vocab)
         # one pair for the whole chat: its drafters (a learning lookup) keep what they saw
@@ -324,9 +328,18 @@ class ChatSession:
         """The settings in force, JSON-safe (as the transcript, /stats and /save show them)."""
         return jsonable(dataclasses.asdict(self.cfg))
 
+    def _need(self, cfg: DecodeConfig) -> None:
+        """Load the draft model if ``cfg`` needs it and the chat can; else check_mode's error."""
+        if cfg.needs_draft_model and self.draft is None and self._load_draft is not None:
+            self.draft = self._load_draft()
+            self.pair.draft = self.draft
+            self.n_vocab = self.pair.n_vocab = min(self.n_vocab, self.draft.n_vocab)
+            self._log("draft_loaded", draft=str(self.draft.path))
+        check_mode(cfg, self.target, self.draft)
+
     def set_mode(self, mode: str) -> None:
         cfg = self.cfg.replace(mode=mode)
-        check_mode(cfg, self.target, self.draft)
+        self._need(cfg)
         self.cfg = cfg
         self._log("mode", mode=mode)
 
@@ -336,7 +349,7 @@ class ChatSession:
         value."""
         cfg = apply_settings(self.cfg, {key: value}).validate(self.n_vocab)
         if (cfg.mode, cfg.spec_type) != (self.cfg.mode, self.cfg.spec_type):
-            check_mode(cfg, self.target, self.draft)
+            self._need(cfg)
         changed = {k: v for k, v in dataclasses.asdict(cfg).items() if getattr(self.cfg, k) != v}
         self.cfg = cfg
         if {"tau_draft", "tau_target"} & changed.keys():

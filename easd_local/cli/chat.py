@@ -17,7 +17,8 @@ from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter
 from ..chat.commands import synopsis
 from ..engine.config import DecodeConfig, not_lossless
 from ..errors import EasdError
-from ..engine.pair import open_models
+from ..engine.pair import check_pair_files, open_models
+from ..engine.runtime import Model
 from . import options as o
 from .common import console, err_console, friendly
 from .progress import spinner, until_first
@@ -183,6 +184,15 @@ def _sampling(cfg: DecodeConfig) -> str:
     return f"temperature {cfg.temperature:g}, top-k {cfg.top_k}, top-p {cfg.top_p:g}"
 
 
+def _load_draft(models, spec, dopts):
+    """The draft model, loaded into ``models`` (which closes it) when a mode first needs it."""
+    if models.draft is None:
+        check_pair_files(spec.draft, spec.target)
+        with spinner(f"loading the draft model {spec.draft.name}"):
+            models.draft = Model(spec.draft, dopts)
+    return models.draft
+
+
 def banner(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str,
            asked_ctx: int | None = None) -> list[tuple[str, str]]:
     """The lines chat starts with, and their styles (``asked_ctx``: --ctx, when llama.cpp may have rounded it)."""
@@ -232,6 +242,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 models.target, models.draft, cfg, n_vocab=models.n_vocab, system=system,
                 thresholds_source=source, transcript=transcript, label=spec.label,
                 verify_costs=o.verify_costs(spec, kw),
+                load_draft=(lambda: _load_draft(models, spec, dopts)) if spec.draft is not None else None,
             )
             try:
                 for line, style in banner(spec.label, o.mode_label(cfg), why, session.n_ctx, cfg, placement_line(models),

@@ -1,0 +1,100 @@
+"""The default way (no --mode) follows what `easd-local pair costs` recorded on this machine:
+the fastest lossless way, the draft model loaded only when that way uses it; with nothing
+recorded, the target alone and a line saying how to measure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from easd_local.engine.ways import MARGIN, WAY_TABLE, WAYS, choose
+from easd_local.store import costs as store
+
+EASD = [sys.executable, "-m", "easd_local"]
+
+
+def _run(args, home, **env):
+    return subprocess.run(EASD + [str(a) for a in args], capture_output=True, text=True, timeout=300,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "EASD_LOCAL_HOME": str(home), **env})
+
+
+def test_choose_takes_the_fastest_lossless_way_by_a_margin():
+    r = {"target": 1.0, "sd:ngram-simple": 1.4, "sd": 0.6, "sd:ngram-simple+draft": 0.7}
+    assert choose(r, True)[0].name == "sd:ngram-simple"
+    assert choose({**r, "sd": 1.9}, True)[0].name == "sd"
+    assert choose({**r, "sd": 1.9}, False)[0].name == "sd:ngram-simple"  # no draft model: its ways are out
+    assert choose({**r, "sd:ngram-simple": 1.0 + MARGIN / 2}, True)[0].name == "target"  # within noise
+    way, why = choose({"target": 1.0, "sd:ngram-simple": 0.9}, True)
+    assert way.name == "target" and "0.90×" in why
+    assert "pair costs" in choose(None, True)[1]
+    assert {w.name for w in WAYS} == set(WAY_TABLE) and all(w.mode in ("target", "sd") for w in WAYS)
+
+
+def _key(draft, target):
+    return store.costs_key(draft, target, 1, -1, None)
+
+
+def _record(draft, target, ratios, home, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(home))
+    store.record(_key(draft, target), {"ratios": ratios, "verify_costs": [1.0, 1.3, 1.6, 1.9, 2.2]})
+
+
+def test_the_default_follows_the_recorded_costs(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    pair = ["-md", tiny_draft, "-m", tiny_target, "--threads", "1", "-n", "6", "--json"]
+    r = _run(["generate", "one two one two one two", *pair], tmp_path)
+    obj = json.loads(r.stdout)
+    assert r.returncode == 0 and obj["mode"] == "target" and "easd-local pair costs" in obj["mode_reason"]
+    assert "draft" not in obj["placement"] or obj["placement"]["draft"] is None  # not loaded: nothing uses it
+
+    _record(tiny_draft, tiny_target, {"target": 1.0, "sd:ngram-simple": 1.5, "sd": 0.6,
+                                      "sd:ngram-simple+draft": 0.7}, tmp_path, monkeypatch)
+    r = _run(["generate", "one two one two one two", *pair], tmp_path)
+    obj = json.loads(r.stdout)
+    assert (obj["mode"], obj["spec_type"]) == ("sd", "ngram-simple"), r.stderr
+    assert "1.50× the target alone" in obj["mode_reason"] and obj["lossless"] is True
+    assert "draft" not in obj["placement"] or obj["placement"]["draft"] is None
+    assert obj["draft_calls"] == 0
+
+    _record(tiny_draft, tiny_target, {"target": 1.0, "sd:ngram-simple": 1.1, "sd": 1.6,
+                                      "sd:ngram-simple+draft": 1.2}, tmp_path, monkeypatch)
+    r = _run(["generate", "one two one two one two", *pair], tmp_path)
+    obj = json.loads(r.stdout)
+    assert (obj["mode"], obj["spec_type"]) == ("sd", "draft") and obj["placement"]["draft"], r.stderr
+    # flags win over the recorded default
+    r = _run(["generate", "hi", *pair, "--mode", "target"], tmp_path)
+    assert json.loads(r.stdout)["mode"] == "target" and json.loads(r.stdout)["mode_reason"] is None
+
+
+def test_pair_costs_measures_every_way_and_records_it(tiny_draft, tiny_target, tmp_path):
+    r = _run(["pair", "costs", "-md", tiny_draft, "-m", tiny_target, "--threads", "1", "-n", "8", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    entry = json.loads(r.stdout)
+    assert set(entry["ratios"]) == set(WAY_TABLE) and entry["ratios"]["target"] == 1.0
+    assert all(v > 0 for v in entry["tokens_per_s"].values())
+    assert entry["texts_differing"]["target"] == 0 and len(entry["verify_costs"]) >= 5
+    recorded = json.loads((tmp_path / store.COSTS_NAME).read_text())
+    assert entry["key"] in recorded
+    # the next command reads it
+    r = _run(["generate", "hi", "-md", tiny_draft, "-m", tiny_target, "--threads", "1", "-n", "4", "--json"], tmp_path)
+    way, why = choose(entry["ratios"], True)
+    obj = json.loads(r.stdout)
+    assert (obj["mode"], obj["spec_type"] if way.mode == "sd" else "draft") == (way.mode, way.spec_type)
+    assert obj["mode_reason"] == why
+
+
+def test_chat_loads_the_draft_model_when_a_mode_first_needs_it(tiny_draft, tiny_target, tmp_path):
+    r = _run(["chat", "-md", tiny_draft, "-m", tiny_target, "--threads", "1", "-n", "4"], tmp_path)
+    assert r.returncode == 0
+    p = subprocess.run(EASD + ["chat", "-md", str(tiny_draft), "-m", str(tiny_target), "--threads", "1", "-n", "4"],
+                       input="hi\n/mode easd\nhello\n", capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "EASD_LOCAL_HOME": str(tmp_path)})
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(x) for f in (tmp_path / "transcripts").glob("*.jsonl") for x in f.read_text().splitlines()]
+    events = [r["event"] for r in rows]
+    assert "draft_loaded" in events
+    modes = [r["stats"]["mode"] for r in rows if r["event"] == "assistant"]
+    assert modes[-1] == "easd"
