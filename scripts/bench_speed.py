@@ -270,6 +270,11 @@ def native_sd_cmd(tools, args, prompt_file: Path) -> list[str]:
             "--draft-p-min", "0"]
 
 
+# llama.cpp's counterpart of each of our modes that has one: (command, parser of its output)
+NATIVE = {"target": (native_target_cmd, parse_completion), "sd": (native_sd_cmd, parse_speculative)}
+MODES_RUN = (*NATIVE, "easd")  # the modes this script runs (easd is compared with our sd)
+
+
 def run_native(cmd: list[str], parse, timeout: float) -> dict:
     r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
                        timeout=timeout)
@@ -354,6 +359,8 @@ def _total(runs: list[Run]):
 
 
 def summarize(runs: list[Run]) -> dict:
+    from easd_local.engine.modes import MODE_TABLE
+
     by: dict[tuple[str, str], list[Run]] = {}
     for r in runs:
         by.setdefault((r.system, r.mode), []).append(r)
@@ -380,7 +387,7 @@ def summarize(runs: list[Run]) -> dict:
             "tokens_per_s": t.tokens_per_s if t.seconds_generating > 0 else None,
             "acceptance_rate": t.acceptance_rate if t.drafted else None,
             "controller_share": (t.seconds_controller / tot) if (sy == "ours" and tot > 0) else None,
-            "easd_fires_per_100": t.easd_fires_per_100 if mo == "easd" else None,
+            "easd_fires_per_100": t.easd_fires_per_100 if MODE_TABLE[mo].gated else None,
         }
     comparisons = {
         "target": {"what": "ours target / llama.cpp target-only",
@@ -472,7 +479,7 @@ def parse_args(argv=None):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in args.modes if m not in ("target", "sd", "easd")]
+    bad = [m for m in args.modes if m not in MODES_RUN]
     if bad or not args.modes:
         ap.error(f"--modes takes a comma-separated subset of target,sd,easd, got {','.join(bad) or 'nothing'}")
     return args
@@ -499,7 +506,7 @@ def main(argv=None) -> int:
     from easd_local.engine.runtime import LoadOptions
 
     notes: list[str] = []
-    needs_native = any(m in args.modes for m in ("target", "sd"))
+    needs_native = any(m in NATIVE for m in args.modes)
     tools = None if (args.ours_only or not needs_native) else ensure_tools(args)
     if tools is None:
         why = "--ours-only" if args.ours_only else ("tools not built" if needs_native else "--modes easd only")
@@ -534,8 +541,8 @@ def main(argv=None) -> int:
             return r
 
         def native(mode, i, rep):
-            cmd = (native_target_cmd if mode == "target" else native_sd_cmd)(tools, args, prompts[i][0])
-            d = run_native(cmd, parse_completion if mode == "target" else parse_speculative, args.timeout)
+            make_cmd, parse = NATIVE[mode]
+            d = run_native(make_cmd(tools, args, prompts[i][0]), parse, args.timeout)
             if d.get("prompt_tokens") is not None and d["prompt_tokens"] != len(prompts[i][1]):
                 notes.append(f"prompt {i}: llama.cpp tokenized {d['prompt_tokens']} tokens, ours "
                              f"{len(prompts[i][1])}")

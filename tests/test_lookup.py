@@ -197,3 +197,14 @@ def test_point_mass_cannot_be_gated():
     z = np.zeros((2, 8), np.float32)
     with pytest.raises(ValueError, match="distributions"):
         R.verify([1], None, z, cfg, Gate.of(cfg), np.random.default_rng(0))
+
+
+def test_pair_score_lookup_prediction_replays_the_drafter_along_a_text():
+    from easd_local.pairscore.lookup import simulate
+
+    book = P.AcceptanceBook(P.linear_costs(64, 0.29))
+    code = list(range(100, 160))
+    sim = simulate(code, code, book)  # the text is the prompt again: long matches, long proposals
+    assert sim.tokens == len(code) and sim.accepted > 0.8 * len(code) and sim.speedup > 1.5
+    fresh = simulate(list(range(100, 160)), list(range(200, 260)), P.AcceptanceBook(P.linear_costs(64, 0.29)))
+    assert fresh.drafted == 0 and fresh.speedup == pytest.approx(1.0)  # nothing to look up: the target alone

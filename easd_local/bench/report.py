@@ -408,7 +408,7 @@ def settings_label(rows: Sequence[dict]) -> str:
             parts.append(f"{name} {v:g}" if isinstance(v, (int, float)) else f"{name} {v}")
     mt = shared("max_tokens")
     parts.append(f"max {mt} tokens" if mt != "varies" else "max tokens varies")
-    if any(str(r.get("config", {}).get("mode")) in ("sd", "easd") for r in rows):
+    if any(getattr(MODE_TABLE.get(str(r.get("config", {}).get("mode"))), "speculative", False) for r in rows):
         parts.append(f"gamma {shared('gamma')}")
     return " · ".join(parts)
 

@@ -117,6 +117,16 @@ def check_mode(cfg: DecodeConfig, target: Model | None, draft: Model | None) -> 
         raise ConfigError(f"mode {mode} needs a target model, and this chat was started without one")
 
 
+def load_draft_if_needed(s: "ChatSession", cfg: DecodeConfig) -> None:
+    """Load the draft model if ``cfg`` needs it and the chat can (its ``load_draft``, which also
+    closes it): a chat starts without it when its default way does not use it."""
+    if cfg.needs_draft_model and s.draft is None and s._load_draft is not None:
+        s.draft = s.pair.draft = s._load_draft()
+        s.n_vocab = s.pair.n_vocab = min(s.n_vocab, s.draft.n_vocab)
+        s._log("draft_loaded", draft=str(s.draft.path))
+    check_mode(cfg, s.target, s.draft)
+
+
 def drop_oldest(messages: list[Message], too_long) -> int:
     """Take the oldest user/assistant turns out of the context (never the system prompt,
     never the last message) while ``too_long()``; how many messages were taken out."""
@@ -164,9 +174,7 @@ class ChatSession:
         self.target = target
         self.draft = draft
         self.n_vocab = n_vocab or min(m.n_vocab for m in (target, draft) if m is not None)
-        # the draft model is loaded when a mode first needs it (chat starts without it when its
-        # default way does not use it): the caller's loader, which also closes it
-        self._load_draft = load_draft
+        self._load_draft = load_draft  # see load_draft_if_needed
         check_mode(cfg, self.target, self.draft)
         self.cfg = cfg.validate(self.n_vocab)
         # one pair for the whole chat: its drafters (a learning lookup) keep what they saw
@@ -182,16 +190,9 @@ class ChatSession:
         broken = self._template_model.vocab.chat_template_error()
         if broken is not None:  # before the first message, not at it
             raise ConfigError(f"{broken}; chat needs one (use `generate --raw` for plain completion)")
-        self._log(
-            "session_start",
-            pair=label,
-            target=str(target.path) if target is not None else None,
-            draft=str(draft.path) if draft is not None else None,
-            n_ctx=self.n_ctx,
-            system=self.system,
-            thresholds_source=thresholds_source,
-            settings=self.settings(),
-        )
+        self._log("session_start", pair=label, target=str(target.path) if target is not None else None,
+                  draft=str(draft.path) if draft is not None else None, n_ctx=self.n_ctx, system=self.system,
+                  thresholds_source=thresholds_source, settings=self.settings())
 
     # ------------------------------------------------------------------ basics
     def _log(self, event: str, **data) -> None:
@@ -328,18 +329,9 @@ class ChatSession:
         """The settings in force, JSON-safe (as the transcript, /stats and /save show them)."""
         return jsonable(dataclasses.asdict(self.cfg))
 
-    def _need(self, cfg: DecodeConfig) -> None:
-        """Load the draft model if ``cfg`` needs it and the chat can; else check_mode's error."""
-        if cfg.needs_draft_model and self.draft is None and self._load_draft is not None:
-            self.draft = self._load_draft()
-            self.pair.draft = self.draft
-            self.n_vocab = self.pair.n_vocab = min(self.n_vocab, self.draft.n_vocab)
-            self._log("draft_loaded", draft=str(self.draft.path))
-        check_mode(cfg, self.target, self.draft)
-
     def set_mode(self, mode: str) -> None:
         cfg = self.cfg.replace(mode=mode)
-        self._need(cfg)
+        load_draft_if_needed(self, cfg)
         self.cfg = cfg
         self._log("mode", mode=mode)
 
@@ -349,7 +341,7 @@ class ChatSession:
         value."""
         cfg = apply_settings(self.cfg, {key: value}).validate(self.n_vocab)
         if (cfg.mode, cfg.spec_type) != (self.cfg.mode, self.cfg.spec_type):
-            self._need(cfg)
+            load_draft_if_needed(self, cfg)
         changed = {k: v for k, v in dataclasses.asdict(cfg).items() if getattr(self.cfg, k) != v}
         self.cfg = cfg
         if {"tau_draft", "tau_target"} & changed.keys():

@@ -214,6 +214,7 @@ def _run(
     pair, draft, target, yes, out, resume, strict_env, max_tokens, temperature, top_k, top_p, gamma, draft_p_min,
     top_n, overlap, tau_draft, tau_target, penalty, ctx, threads, n_gpu_layers, n_gpu_layers_draft,
     flash_attn, main_gpu, verbose, rpc=None, rpc_draft=None, tensor_split=None, parallel=None, no_repack=False,
+    spec_type=None, draft_min=None, spec_ngram_size_n=None, spec_ngram_size_m=None, spec_ngram_mod_n_match=None,
 ) -> None:
     if dataset is None:
         raise ConfigError("--dataset is missing: give a preset (" + ", ".join(
@@ -224,7 +225,9 @@ def _run(
     methods = runner.build_methods(modes, easd_config or (), sweep or ())
     flags = dict(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                  gamma=gamma, draft_p_min=draft_p_min, top_n=top_n, overlap=overlap, tau_draft=tau_draft,
-                 tau_target=tau_target, penalty=penalty)
+                 tau_target=tau_target, penalty=penalty, spec_type=spec_type, draft_min=draft_min,
+                 spec_ngram_size_n=spec_ngram_size_n, spec_ngram_size_m=spec_ngram_size_m,
+                 spec_ngram_mod_n_match=spec_ngram_mod_n_match)
     base = DecodeConfig(max_tokens=runner.DEFAULT_MAX_TOKENS)
     runner.check_methods(methods, base, flags)
     topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,

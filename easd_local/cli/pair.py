@@ -334,7 +334,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
                 measured.append(corp.measured_runs(cp.rows, {s.item.label for s in ps.scored}, d_sha, t_sha))
             else:
                 measured.append([])
+        lookup = _lookup(ps, costs[0], base)
         res = {
+            "lookup": lookup,
             "target": t_label,
             "target_path": str(t_path),
             "corpus": {"kind": cp.kind, "source": cp.source, "texts": len(ps.scored), "positions": ps.positions,
@@ -397,6 +399,23 @@ def _run_pass(tgt, dms, cp, settings, chunk):
         return passes.run(tgt, dms, cp.items, settings, chunk=chunk, progress=on_progress)
 
 
+def _lookup(ps, costs, base) -> dict:
+    """Prompt lookup's prediction along the scored texts (one drafter through the corpus)."""
+    from ..engine.drafters.policy import AcceptanceBook, extend_costs, linear_costs
+    from ..pairscore.lookup import K_MAX, LookupSim, simulate
+    from ..pairscore.ways_measure import verify_costs
+
+    vc = extend_costs(verify_costs(costs), K_MAX) if costs is not None else linear_costs(K_MAX)
+    book = AcceptanceBook(vc)
+    total = LookupSim()
+    for sc in ps.scored:
+        total.add(simulate(sc.item.prompt, sc.item.text, book, size_n=base.spec_ngram_size_n,
+                           size_m=base.spec_ngram_size_m))
+    return {"speedup": round(total.speedup, 4), "tokens_per_verify": round(total.tokens_per_verify, 4),
+            "drafted": total.drafted, "accepted": total.accepted, "tokens": total.tokens,
+            "costs": "timing probe" if costs is not None else "assumed: 1 + 0.29 k decodes (--no-probe)"}
+
+
 def _print(res: dict, gamma: int, png) -> None:
     # a pipe or log gets whole rows rather than cells folded at 80 columns
     out = console if console.is_terminal else Console(highlight=False, width=max(console.width, 220))
@@ -414,6 +433,11 @@ def _print(res: dict, gamma: int, png) -> None:
     out.print(_gamma_table(res))
     out.print(_entropy_table(res))
     out.print(_gate_table(res))
+    lk = res["lookup"]
+    out.print(Text(
+        f"prompt lookup (--mode sd --spec-type ngram-simple, no draft model): predicted {lk['speedup']:.2f}× the "
+        f"target alone · {lk['tokens_per_verify']:.2f} tok/verify · n_drafted {lk['drafted']} · n_accept "
+        f"{lk['accepted']} (verify costs: {lk['costs']})"), soft_wrap=True)
     mt = _measured_table(res)
     if mt is not None:
         out.print(mt)

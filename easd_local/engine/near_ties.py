@@ -45,7 +45,7 @@ def gate_near_tie(
     dt = h_target - tau_target
     d_known = _known(h_draft)
     dd = h_draft - tau_draft if d_known else math.inf
-    ov_ok = overlap >= tau_overlap if _known(overlap) else True
+    ov_ok = conditions(math.inf, math.inf, overlap, tau_draft, tau_target, tau_overlap)[2] if _known(overlap) else True
     # figures the gate did not compute are assumed to pass
     if opens(h_draft if d_known else math.inf, h_target, overlap if _known(overlap) else math.inf,
              tau_draft, tau_target, tau_overlap):

@@ -18,6 +18,7 @@ from ..bench.datasets import PRESETS, load_dataset, reference_solutions
 from ..bench.prompt import build_messages
 from ..bench.report import load_results
 from ..bench.schema import read_number, row_model_sha
+from ..engine.modes import MODE_TABLE
 from ..engine.text import decode_input
 from ..errors import ConfigError
 
@@ -234,8 +235,11 @@ def measured_runs(rows: Iterable[dict], qids: set[str], draft_sha: str, target_s
     scored problems with these two files, each pooled over the problems it answered."""
     by_method: dict[str, list[dict]] = {}
     for r in rows:
-        mode = r["config"].get("mode")
-        if mode not in ("sd", "easd", "easd-tf") or r["qid"] not in qids:
+        info = MODE_TABLE.get(str(r["config"].get("mode")))
+        # the draft model's methods: a drafter with its distributions (not lookup's)
+        if info is None or not info.needs_drafter or r["qid"] not in qids:
+            continue
+        if r["config"].get("spec_type", "draft") != "draft" and not info.needs_dists:
             continue
         if read_number(r["config"].get("temperature", 0.0)) != 0.0:
             continue

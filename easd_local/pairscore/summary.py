@@ -13,6 +13,7 @@ import numpy as np
 from ..calibrate import PERCENTILES, percentiles
 from ..engine import rules
 from ..engine.config import DecodeConfig
+from ..engine.modes import mode_info
 from ..bench.schema import read_number
 from .corpus import Measured
 from .passes import Pass
@@ -132,12 +133,13 @@ def _check(ps: Pass, d: int, m: Measured, settings) -> dict:
     gamma = int(c.get("gamma", 4))
     out = {"method": m.method, "mode": m.mode, "problems": len(m.qids), "gamma": gamma}
     gate = tuple(read_number(c.get(k)) for k in ("tau_draft", "tau_target", "overlap"))
-    if m.mode in ("sd", "easd"):
-        sim = _sim(ps, d, gamma, labels, gate if m.mode == "easd" else None)
+    info = mode_info(m.mode)
+    if info.speculative:
+        sim = _sim(ps, d, gamma, labels, gate if info.gated else None)
         out["tokens_per_verify_measured"] = _r(m.tokens_per_verify)
         out["tokens_per_verify_predicted"] = _r(sim.tokens_per_verify)
         out["tokens_per_verify_error_pct"] = _r(100.0 * (sim.tokens_per_verify / m.tokens_per_verify - 1.0), 1)
-        if m.mode == "easd":
+        if info.gated:
             out["fires_per_100_measured"] = _r(m.fires_per_100)
             out["fires_per_100_predicted"] = _r(100.0 * sim.fires / sim.tokens) if sim.tokens else None
     else:  # easd-tf

@@ -32,6 +32,8 @@ EXTENSIONS = {
     "penalty": ("penalty", float),
     "top_k": ("top_k", int),
     "draft_p_min": ("draft_p_min", float),
+    "spec_type": ("spec_type", str),  # the drafters (llama-server: --spec-type, a server flag there)
+    "draft_min": ("draft_min", int),
 }
 STANDARD = {"temperature": ("temperature", float), "top_p": ("top_p", float), "seed": ("seed", int)}
 THRESHOLD_FIELDS = ("tau_draft", "tau_target", "top_n", "overlap", "penalty")
