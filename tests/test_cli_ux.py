@@ -95,7 +95,7 @@ def test_chat_banner_lossless_note_and_transcript_path(tiny_draft, tiny_target, 
     from easd_local.engine.devices import gpu_offload_supported
 
     r = runner.invoke(app, ["chat", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1", "-n", "4",
-                            "--mode", "easd"], input="hi\n/mode sd\n/mode easd-tf\n/set mode easd\n")
+                            "--mode", "easd"], input="/about\nhi\n/mode sd\n/mode easd-tf\n/set mode easd\n/about\n")
     assert r.exit_code == 0, r.output
     err = r.stderr
     assert "note: easd is not lossless" in err and "/mode sd here, or --mode sd" in err
@@ -115,7 +115,7 @@ def test_chat_banner_lossless_note_and_transcript_path(tiny_draft, tiny_target, 
 
 def test_chat_sd_banner_has_no_note(tiny_draft, tiny_target):
     r = runner.invoke(app, ["chat", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1", "--mode", "sd",
-                            "--temp", "0"], input="")
+                            "--temp", "0"], input="/about\n")
     assert r.exit_code == 0, r.output
     assert "not lossless" not in r.stderr and "greedy, up to 1024 tokens" in r.stderr
 

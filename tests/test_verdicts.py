@@ -78,7 +78,7 @@ def test_a_recorded_losing_verdict_changes_the_default_and_says_so(easd_home, ti
     pair = ["-md", tiny_draft, "-m", tiny_target, "--threads", "1", "-n", "4"]
     r = _run(["generate", "Hi", *pair, "--json"], easd_home)
     assert r.returncode == 0 and json.loads(r.stdout)["mode"] == "easd-tf"  # no verdict: today's rule
-    chat = _run(["chat", *pair], easd_home)
+    chat = _run(["chat", *pair, "--verbose"], easd_home)  # the reason: /about's, shown at start by --verbose
     assert "no measurement of EASD on this pair yet" in chat.stderr and "--record-verdict" in chat.stderr
 
     record_verdict(file_id(tiny_draft), file_id(tiny_target), _verdict())
@@ -86,7 +86,7 @@ def test_a_recorded_losing_verdict_changes_the_default_and_says_so(easd_home, ti
     assert r.returncode == 0 and json.loads(r.stdout)["mode"] == "target"
     assert ("note: mode target: EASD (easd-tf) lost 4.9 points against target on GSM8K for this pair (1,319 "
             "problems, greedy, p < 0.001); --mode easd-tf to use it") in r.stderr
-    chat = _run(["chat", *pair], easd_home)
+    chat = _run(["chat", *pair, "--verbose"], easd_home)
     assert "mode target (auto: EASD (easd-tf) lost 4.9 points" in chat.stderr
     flagged = _run(["generate", "Hi", *pair, "--json", "--mode", "easd-tf"], easd_home)
     assert json.loads(flagged.stdout)["mode"] == "easd-tf" and "lost 4.9 points" not in flagged.stderr  # flags win

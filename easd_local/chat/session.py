@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Callable, Iterator, Union
 
 from ..engine.config import RANDOM_SEED, DecodeConfig, apply_settings
 from ..engine.decoding import Finished, Stats, Stopper, TokenEvent, generate
@@ -165,6 +165,7 @@ class ChatSession:
         self.thresholds_source = thresholds_source
         self.transcript = transcript
         self.label = label
+        self.about: Callable[[], str] | None = None  # set by the front end for /about
         self.messages: list[Message] = []
         self.totals = SessionTotals()
         self._pending: dict | None = None  # the reply being generated
