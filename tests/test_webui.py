@@ -12,7 +12,7 @@ import json
 from collections import Counter
 
 import pytest
-from browser_helpers import chrome, find_browser, wait
+from browser_helpers import MATHS_TEXT, chrome, find_browser, serve_canned_reply, token_records, wait
 from serve_helpers import ServerProc, http, metric_values, openai_client, start_tiny, stop_clean
 
 from easd_local.engine.decoding import ORIGINS
@@ -180,6 +180,7 @@ def test_chat_page_colours_tokens_by_origin(server, client, browser, tmp_path):
     open_page(d, server)
     assert "easd (not lossless)" in d.find_element(By.ID, "server-line").text
     assert "flags" in d.find_element(By.ID, "source-note").text
+    d.find_element(By.ID, "render-md").click()  # the tokens as they came, not drawn as Markdown
     before = metric_values(http("GET", server.base + "/metrics")[2])
 
     d.find_element(By.ID, "input").send_keys(PROMPT)
@@ -231,6 +232,85 @@ def test_chat_page_colours_tokens_by_origin(server, client, browser, tmp_path):
     d.find_element(By.ID, "new-chat").click()
     assert d.find_elements(By.CSS_SELECTOR, "#messages li") == []
     no_console_errors(d)
+
+
+@needs_browser
+def test_the_header_follows_the_mode_chosen(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    d = browser
+    open_page(d, server)
+    line = lambda: d.find_element(By.ID, "server-line").text  # noqa: E731
+    assert "mode easd (not lossless)" in line() and "server default" not in line()
+    Select(d.find_element(By.ID, "set-mode")).select_by_value("sd")
+    assert "mode sd (lossless) (server default easd)" in line(), line()
+    Select(d.find_element(By.ID, "set-mode")).select_by_value("easd-tf")
+    assert "mode easd-tf (not lossless)" in line(), line()
+    d.find_element(By.ID, "reset-settings").click()
+    assert "mode easd (not lossless)" in line() and "server default" not in line()
+
+
+@needs_browser
+def test_a_finished_reply_renders_markdown_and_maths_over_its_tokens(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    open_page(d, server)
+    # a maths reply, then markup that must stay text whatever the model writes
+    evil = " <img src=x onerror=\"document.body.dataset.owned=1\"> <b>no</b> **<i>x</i>**"
+    records = token_records(MATHS_TEXT + evil)
+    serve_canned_reply(d, records)
+    d.find_element(By.ID, "input").send_keys("17 rows of 23 trees, 40 sold: how many left?")
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelector('.msg.assistant')?.dataset.rendered", what="the rendered reply")
+    reply = ".msg.assistant .reply"
+    # KaTeX drew the formulas (HTML and MathML), display and inline, with its own fonts
+    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .math .katex math")) == 3
+    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .math-display .katex-display")) == 1
+    assert "\\boxed{351}" in d.execute_script(
+        f"return [...document.querySelectorAll('{reply} annotation')].map(a => a.textContent).join(' ')")
+    wait(d, "document.fonts.status === 'loaded' && [...document.fonts].some(f => f.family.includes('KaTeX') "
+            "&& f.status === 'loaded')", what="KaTeX's fonts from the package")
+    # Markdown: strong, a list; every piece of text is a token's, with its origin and figures
+    by_i = {r["i"]: r for r in records}
+    strong = d.execute_script(f"return [...document.querySelector('{reply} strong').querySelectorAll('.tok')].map("
+                              "s => [Number(s.dataset.i), s.className, s.textContent])")
+    assert "".join(t for _, _, t in strong) == "40 trees" and len(strong) == 2
+    for i, cls, text in strong:
+        assert cls == f"tok o-{by_i[i]['origin']}" and text in by_i[i]["text"]
+    assert d.execute_script(f"return [...document.querySelectorAll('{reply} li')].map(li => li.textContent)") == [
+        "rows: 17", "trees in a row: 23"]
+    # the boxed answer's tokens: the marks under its formula, in order, with their origins
+    box = next(r["i"] for r in records if r["text"].strip() == "\\boxed")
+    strip = d.execute_script(f"const m = [...document.querySelectorAll('{reply} .math')].pop(); return "
+                             "[...m.querySelectorAll('.math-tokens .tok')].map(s => [Number(s.dataset.i), "
+                             "s.dataset.origin, s.dataset.text])")
+    assert box in [i for i, _, _ in strip] and all(o == by_i[i]["origin"] and t == by_i[i]["text"]
+                                                   for i, o, t in strip)
+    # every token is on the page in order (a formula's as its marks) but those that are only markup
+    shown = d.execute_script(f"return [...document.querySelectorAll('{reply} .tok')].map(s => Number(s.dataset.i))")
+    missing = set(by_i) - set(shown)
+    assert shown == sorted(shown) and missing and all(by_i[i]["text"].strip() in ("*", "-") for i in missing), [
+        by_i[i]["text"] for i in missing]
+    # a gate fire among them keeps its details
+    d.find_element(By.CSS_SELECTOR, f"{reply} .tok.o-easd").click()
+    assert "gate fire" in d.find_element(By.ID, "token-info").text and "1.357 nats" in d.find_element(
+        By.ID, "token-info").text
+    # the model's markup stayed text
+    assert not d.find_elements(By.CSS_SELECTOR, f"{reply} img, {reply} b, {reply} i")
+    assert '<img src=x onerror="document.body.dataset.owned=1">' in d.find_element(By.CSS_SELECTOR, reply).text
+    assert d.execute_script("return document.body.dataset.owned") is None
+    assert [e.text for e in d.find_elements(By.CSS_SELECTOR, f"{reply} strong")] == ["40 trees", "<i>x</i>"]
+    d.save_screenshot(str(tmp_path / "maths.png"))
+    # the switch: the tokens as they came, one span each, then drawn again
+    d.find_element(By.ID, "render-md").click()
+    raw = page_tokens(d, f"{reply} .tok")
+    assert [(t["i"], t["origin"], t["text"]) for t in raw] == [(r["i"], r["origin"], r["text"]) for r in records]
+    assert not d.find_elements(By.CSS_SELECTOR, f"{reply} .katex")
+    d.find_element(By.ID, "render-md").click()
+    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .katex")) == 3
+    no_console_errors(d)  # a style or font the CSP refused would be here
 
 
 @needs_browser

@@ -163,7 +163,7 @@
     }
     if (m.gated) parts.push(`gate fires ${t.gate_fires}`);
     if (m.gated && !m.speculative && t.draft_consults !== null) parts.push(`draft consults ${t.draft_consults}`);
-    parts.push(`TTFT ${fmt(t.ttft_ms / 1000, 2)} s`, `${t.mode}: ${t.lossless ? "lossless" : "not lossless"}`);
+    parts.push(`TTFT ${fmt(t.ttft_ms == null ? null : t.ttft_ms / 1000, 2)} s`, `${t.mode}: ${t.lossless ? "lossless" : "not lossless"}`);
     return parts.join(" · ");
   }
 
@@ -568,6 +568,7 @@
     $("reset-settings").addEventListener("click", fillSettings);
     $("render-md").addEventListener("change", () => { for (const v of state.views) drawView(v); });
     for (const id of ["set-mode", ...SETTINGS.map((k) => "set-" + k)]) $(id).addEventListener("input", showNotes);
+    $("set-mode").addEventListener("change", showNotes); // a select may fire only "change"
     setBusy(true);
     state.props = await loadProps();
     const d = state.props.defaults;
