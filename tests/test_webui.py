@@ -258,15 +258,16 @@ def test_a_finished_reply_renders_markdown_and_maths_over_its_tokens(server, bro
     d = browser
     open_page(d, server)
     # a maths reply, then markup that must stay text whatever the model writes
+    table = "\n\n| rows | trees |\n|---|--:|\n| 17 | $17 \\cdot 23$ |\n\n"
     evil = " <img src=x onerror=\"document.body.dataset.owned=1\"> <b>no</b> **<i>x</i>**"
-    records = token_records(MATHS_TEXT + evil)
+    records = token_records(MATHS_TEXT + table + evil)
     serve_canned_reply(d, records)
     d.find_element(By.ID, "input").send_keys("17 rows of 23 trees, 40 sold: how many left?")
     d.find_element(By.ID, "send").click()
     wait(d, "document.querySelector('.msg.assistant')?.dataset.rendered", what="the rendered reply")
     reply = ".msg.assistant .reply"
     # KaTeX drew the formulas (HTML and MathML), display and inline, with its own fonts
-    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .math .katex math")) == 3
+    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .math .katex math")) == 4
     assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .math-display .katex-display")) == 1
     assert "\\boxed{351}" in d.execute_script(
         f"return [...document.querySelectorAll('{reply} annotation')].map(a => a.textContent).join(' ')")
@@ -281,17 +282,24 @@ def test_a_finished_reply_renders_markdown_and_maths_over_its_tokens(server, bro
         assert cls == f"tok o-{by_i[i]['origin']}" and text in by_i[i]["text"]
     assert d.execute_script(f"return [...document.querySelectorAll('{reply} li')].map(li => li.textContent)") == [
         "rows: 17", "trees in a row: 23"]
+    cells = d.execute_script(f"return [...document.querySelectorAll('{reply} tr')].map(r => [...r.cells].map("
+                             "c => [c.tagName, c.textContent.trim()]))")
+    assert [[t for t, _ in r] for r in cells] == [["TH", "TH"], ["TD", "TD"]]
+    assert [x for _, x in cells[0]] == ["rows", "trees"] and cells[1][0][1] == "17"
+    assert d.execute_script(f"return document.querySelector('{reply} td:last-child .katex') !== null")
     # the boxed answer's tokens: the marks under its formula, in order, with their origins
     box = next(r["i"] for r in records if r["text"].strip() == "\\boxed")
-    strip = d.execute_script(f"const m = [...document.querySelectorAll('{reply} .math')].pop(); return "
+    strip = d.execute_script(f"const m = [...document.querySelectorAll('{reply} .math')].find(x => "
+                             "x.querySelector('annotation').textContent.includes('boxed')); return "
                              "[...m.querySelectorAll('.math-tokens .tok')].map(s => [Number(s.dataset.i), "
                              "s.dataset.origin, s.dataset.text])")
     assert box in [i for i, _, _ in strip] and all(o == by_i[i]["origin"] and t == by_i[i]["text"]
                                                    for i, o, t in strip)
-    # every token is on the page in order (a formula's as its marks) but those that are only markup
+    # every token is on the page in order (a formula's as its marks) but those that are only
+    # markup: emphasis, a list's dash, a table's pipes and its |---| line
     shown = d.execute_script(f"return [...document.querySelectorAll('{reply} .tok')].map(s => Number(s.dataset.i))")
     missing = set(by_i) - set(shown)
-    assert shown == sorted(shown) and missing and all(by_i[i]["text"].strip() in ("*", "-") for i in missing), [
+    assert shown == sorted(shown) and missing and all(set(by_i[i]["text"].strip()) <= set("*-|:") for i in missing), [
         by_i[i]["text"] for i in missing]
     # a gate fire among them keeps its details
     d.find_element(By.CSS_SELECTOR, f"{reply} .tok.o-easd").click()
@@ -303,13 +311,16 @@ def test_a_finished_reply_renders_markdown_and_maths_over_its_tokens(server, bro
     assert d.execute_script("return document.body.dataset.owned") is None
     assert [e.text for e in d.find_elements(By.CSS_SELECTOR, f"{reply} strong")] == ["40 trees", "<i>x</i>"]
     d.save_screenshot(str(tmp_path / "maths.png"))
+    d.set_window_size(400, 860)  # a phone: nothing scrolls sideways
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth"), "scrolls sideways"
+    d.set_window_size(1280, 900)
     # the switch: the tokens as they came, one span each, then drawn again
     d.find_element(By.ID, "render-md").click()
     raw = page_tokens(d, f"{reply} .tok")
     assert [(t["i"], t["origin"], t["text"]) for t in raw] == [(r["i"], r["origin"], r["text"]) for r in records]
     assert not d.find_elements(By.CSS_SELECTOR, f"{reply} .katex")
     d.find_element(By.ID, "render-md").click()
-    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .katex")) == 3
+    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .katex")) == 4
     no_console_errors(d)  # a style or font the CSP refused would be here
 
 

@@ -7,7 +7,7 @@
 // the text they came from; every run is written with textContent, split at token boundaries,
 // each piece a clone of its token's span. Formulas go to KaTeX (vendored from npm, its DOM
 // output: no inline HTML, so the page's CSP holds) and their tokens follow as a strip of empty
-// spans under the formula. The subset is what chat models write: headings, paragraphs, lists,
+// spans under the formula. The subset is what chat models write: headings, paragraphs, lists, tables,
 // fenced code, rules, **strong**, *em*, `code`, \( \), \[ \], $ $ and $$ $$.
 "use strict";
 window.easdMarkdown = (() => {
@@ -24,7 +24,7 @@ window.easdMarkdown = (() => {
     }
     const out = [];
     let i = 0;
-    const isBreak = (s) => /^\s*$/.test(s) || /^\s*(```|~~~|#{1,6}\s|([-*+]|\d{1,3}[.)])\s|\\\[|\$\$)/.test(s)
+    const isBreak = (s) => /^\s*$/.test(s) || /^\s*\|/.test(s) || /^\s*(```|~~~|#{1,6}\s|([-*+]|\d{1,3}[.)])\s|\\\[|\$\$)/.test(s)
       || /^\s*([-*_])(\s*\1){2,}\s*$/.test(s);
     while (i < lines.length) {
       const L = lines[i];
@@ -59,6 +59,14 @@ window.easdMarkdown = (() => {
         continue;
       }
       if (/^\s*([-*_])(\s*\1){2,}\s*$/.test(s)) { out.push({ tag: "hr", kids: [] }); i++; continue; }
+      if (/^\s*\|/.test(s) && i + 1 < lines.length && /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/.test(lines[i + 1].s)) {
+        // a table: a header row, the |---| line, then rows while lines start with |
+        const table = { tag: "table", kids: [{ tag: "thead", kids: [row(src, L, "th")] }, { tag: "tbody", kids: [] }] };
+        i += 2;
+        while (i < lines.length && /^\s*\|/.test(lines[i].s)) table.kids[1].kids.push(row(src, lines[i++], "td"));
+        out.push(table);
+        continue;
+      }
       if ((m = /^\s*([-*+]|\d{1,3}[.)])\s+/.exec(s))) {
         const ordered = /\d/.test(m[1]);
         const list = { tag: ordered ? "ol" : "ul", kids: [] };
@@ -79,6 +87,23 @@ window.easdMarkdown = (() => {
       i = j + 1;
     }
     return out;
+  }
+
+  // one table row: its cells between unescaped pipes (a leading and a trailing pipe only
+  // open and close the row)
+  function row(src, L, cell) {
+    let a = L.a, b = L.b;
+    while (a < b && /\s/.test(src[a])) a++;
+    while (b > a && /\s/.test(src[b - 1])) b--;
+    if (src[a] === "|") a++;
+    if (b > a && src[b - 1] === "|" && src[b - 2] !== "\\") b--;
+    const cells = [];
+    let from = a;
+    for (let k = a; k <= b; k++) {
+      if (k < b && src[k] === "\\") { k++; continue; }
+      if (k === b || src[k] === "|") { cells.push({ tag: cell, kids: inline(src, from, k) }); from = k + 1; }
+    }
+    return { tag: "tr", kids: cells };
   }
 
   const MATH_PAIRS = [["\\(", "\\)", false], ["\\[", "\\]", true], ["$$", "$$", true]];
