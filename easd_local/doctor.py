@@ -10,7 +10,7 @@ import platform
 import shutil
 from dataclasses import dataclass, field
 
-from . import __version__, paths
+from . import __version__, host, paths
 from .engine import devices, repack, rpc
 from .engine.cpu import cpu_name, has_amx
 from .store.catalog import load_catalog, local_path
@@ -42,10 +42,11 @@ def diagnose(*, self_test: bool = True) -> Report:
     f["ggml"] = f"{build['ggml_version']} (commit {build['ggml_commit']})"
     f["python"] = f"{platform.python_version()} on {platform.system()} {platform.machine()}"
     f["cpu"] = f"{cpu_name()} ({os.cpu_count()} logical cores{', AMX' if has_amx() else ''})"
+    f["load"] = _load_state()
     info = devices.system_info()
     f["llama.cpp system info"] = info
     f["backends"] = ", ".join(devices.backends(info)) or "none"
-    f["gpu offload"] = "yes" if devices.gpu_offload_supported() else "no (a CPU-only build; see the README for GPU builds)"
+    f["gpu offload"] = "yes" if devices.gpu_offload_supported() else "no (a CPU-only build; docs/cpus-and-gpus.md says how to build for a GPU)"
     f["devices"] = [f"{d['name']} ({d['kind']}): {d['description']}" for d in devices.list_devices()]
     f["rpc backend"] = _rpc_state()
 
@@ -96,6 +97,17 @@ def diagnose(*, self_test: bool = True) -> Report:
     f["self-test"] = tests
     f["verdicts file"] = str(repack.verdicts_path())
     return r
+
+
+def _load_state() -> str:
+    """The load now against the cores, and the thread default it competes with."""
+    ld = host.load()
+    busy = host.busy_note((ld, False))
+    if busy:
+        now = f"{busy} (1-minute average): replies will be slower until it falls"
+    else:
+        now = "unknown" if ld is None else f"{ld:.1f} (1-minute average) on {host.cores()} cores"
+    return f"{now} · threads by default: {host.physical_cores()} (physical cores)"
 
 
 def _rpc_state() -> str:

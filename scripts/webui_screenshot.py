@@ -7,6 +7,13 @@ Prints the reply's statistics and the machine's load. Exits 1 when the reply has
 (the screenshot is meant to show some: try another --prompt or more --max-tokens).
 
     python scripts/webui_screenshot.py --out docs/webui.png --side-by-side docs/webui-side-by-side.png
+
+``--maths PNG`` instead shows how a finished reply is drawn as Markdown and maths over its coloured
+tokens: the page is given the tests' canned reply (tests/browser_helpers.py: MATHS_TEXT, an origin
+of every kind in a fixed cycle) in place of the server's stream, so any pair will do (the tests'
+tiny one: --draft/--target), and its first gate fire is clicked:
+
+    python scripts/webui_screenshot.py --draft D --target T --maths docs/webui-maths.png
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ def main() -> int:
     ap.add_argument("--out", default="docs/webui.png", help="the chat view's PNG")
     ap.add_argument("--side-by-side", default=None, help="also the side-by-side view's PNG")
     ap.add_argument("--pair", default="default")
+    ap.add_argument("--draft", default=None, help="a draft file instead of --pair (with --target)")
+    ap.add_argument("--target", default=None)
+    ap.add_argument("--maths", default=None, help="only the canned Markdown-and-maths reply, to this PNG")
     ap.add_argument("--mode", default="easd-tf")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT)
     ap.add_argument("--max-tokens", type=int, default=160)
@@ -55,7 +65,8 @@ def shots(args, tmp: Path, browser: str, driver: str) -> int:
     from selenium.webdriver.support.select import Select
     from serve_helpers import ServerProc
 
-    srv = ServerProc(["--pair", args.pair, "--mode", args.mode, "--max-tokens", str(args.max_tokens),
+    which = ["--draft", args.draft, "--target", args.target] if args.draft else ["--pair", args.pair]
+    srv = ServerProc([*which, "--mode", args.mode, "--max-tokens", str(args.max_tokens),
                       "--threads", str(args.threads), "--parallel", "2"], tmp / "server.log", timeout=600)
     d = None
     try:
@@ -63,6 +74,8 @@ def shots(args, tmp: Path, browser: str, driver: str) -> int:
         d = chrome(browser, driver, args.width, 1000)
         d.get(srv.base + "/")
         wait(d, "document.body.dataset.ready", 60)
+        if args.maths:
+            return maths_shot(d, args)
         d.find_element(By.ID, "input").send_keys(args.prompt)
         d.find_element(By.ID, "send").click()
         wait(d, "document.querySelector('.msg.assistant')?.dataset.state === 'done'", 900, "the reply")
@@ -92,6 +105,22 @@ def shots(args, tmp: Path, browser: str, driver: str) -> int:
         if d is not None:
             d.quit()
         srv.stop()
+    return 0
+
+
+def maths_shot(d, args) -> int:
+    from browser_helpers import MATHS_TEXT, serve_canned_reply, token_records, wait
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    Select(d.find_element(By.ID, "set-mode")).select_by_value(args.mode)  # the mode the canned timings name
+    serve_canned_reply(d, token_records(MATHS_TEXT), mode=args.mode)
+    d.find_element(By.ID, "input").send_keys(args.prompt)
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelector('.msg.assistant')?.dataset.rendered", 60, "the rendered reply")
+    wait(d, "document.fonts.status === 'loaded'", 60, "KaTeX's fonts")
+    d.find_element(By.CSS_SELECTOR, ".msg.assistant .tok.o-easd").click()
+    shoot(d, args.maths, args.width)
     return 0
 
 

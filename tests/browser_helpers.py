@@ -8,6 +8,7 @@ says why not when there is none, so that the tests skip with that reason.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -70,3 +71,54 @@ def set_field(d, element_id: str, value: str) -> None:
     """Set an input or select as a user does: its value, then an input event."""
     d.execute_script("const e = document.getElementById(arguments[0]); e.value = arguments[1];"
                      "e.dispatchEvent(new Event('input', {bubbles: true}));", element_id, value)
+
+
+# A finished reply with Markdown and maths, as the default pair writes them (issue 44), for the
+# page's rendering: no model at hand writes maths (the tests' tiny pair has random weights), so
+# the page is given this reply in place of the server's stream, one easd_tokens record a token
+# with an origin of every kind. The tests add markup that must stay text.
+MATHS_TEXT = ("To find the trees left, first multiply:\n\n\\[ 17 \\times 23 = 391 \\]\n\n"
+              "Then take away the **40 trees** whose apples were sold: $391 - 40 = 351$.\n\n"
+              "- rows: 17\n- trees in a row: 23\n\nSo \\(\\boxed{351}\\) trees are left.")
+_ORIGIN_CYCLE = ("draft", "draft", "draft", "bonus", "target", "draft", "resampled", "draft", "easd", "target",
+                 "draft", "draft")
+
+
+def token_records(text: str, start: int = 0) -> list[dict]:
+    """``text`` cut as a tokenizer might (words, numbers, LaTeX commands, single marks), each
+    piece a record of the stream extension with an origin from a fixed cycle."""
+    import re
+
+    pieces = re.findall(r"\s*\\[A-Za-z]+|\s*[A-Za-z]+|\s*\d{1,3}|\s*\S|\s+", text)
+    assert "".join(pieces) == text
+    out = []
+    for k, p in enumerate(pieces):
+        o = _ORIGIN_CYCLE[(start + k) % len(_ORIGIN_CYCLE)]
+        gated = o in ("easd", "draft", "resampled")
+        out.append({"i": start + k, "text": p, "origin": o, "h_draft": 1.357 if gated else None,
+                    "h_target": 0.839 if gated else None, "overlap": 0.8 if gated else None})
+    return out
+
+
+def serve_canned_reply(d, records: list[dict], mode: str = "easd-tf") -> None:
+    """Make the page's next chat request get ``records`` as its stream (the page's own fetch,
+    replaced for /v1/chat/completions only), with timings that count them and no speed (none
+    was measured: the page shows a dash)."""
+    from collections import Counter
+
+    n = Counter(r["origin"] for r in records)
+    timings = {"predicted_n": len(records), "predicted_per_second": None, "prompt_n": 40, "cache_n": 0,
+               "draft_n": n["draft"] + n["resampled"] + n["easd"], "draft_n_accepted": n["draft"],
+               "acceptance_rate": n["draft"] / max(1, n["draft"] + n["resampled"] + n["easd"]),
+               "mean_accepted_len": 2.0, "gate_fires": n["easd"], "draft_consults": n["easd"] + 3,
+               "target_tokens": n["target"], "sd_rejections": n["resampled"], "bonus": n["bonus"],
+               "ttft_ms": None, "mode": mode, "lossless": False, "tau_draft": 0.8899, "tau_target": 0.7017,
+               "thresholds_source": "catalog"}
+    chunks = [{"choices": [{"index": 0, "delta": {"content": r["text"]}}], "easd_tokens": [r]} for r in records]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "timings": timings})
+    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    d.execute_script("""
+        const sse = arguments[0], real = window.fetch;
+        window.fetch = (url, init) => String(url).endsWith('/v1/chat/completions')
+          ? Promise.resolve(new Response(sse, {headers: {'Content-Type': 'text/event-stream'}}))
+          : real(url, init);""", sse)

@@ -34,6 +34,9 @@ make_tiny_pair = _load_make_tiny_pair()
 # home; the suite makes many fresh homes, so it says "passed" here. tests/test_repack.py unsets
 # it to run the real self-test (and sets "crash" to simulate an AMX machine).
 os.environ.setdefault("EASD_LOCAL_REPACK_PROBE", "ok")
+# The busy-CPU hint reads the load average; the suite's outputs must not depend on what else the
+# machine runs, so it reads an idle one (tests/test_first_run.py injects busy ones).
+os.environ.setdefault("EASD_LOCAL_LOADAVG", "0")
 
 
 @pytest.fixture(scope="session")

@@ -420,7 +420,7 @@ def test_banner_says_which_mode_was_chosen(tiny_draft, tiny_target, tmp_path, mo
 
     monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path))
     r = CliRunner().invoke(app, ["chat", "--draft", str(tiny_draft), "--target", str(tiny_target),
-                                 "--max-tokens", "4", "--threads", "1"], input="hi\n")
+                                 "--max-tokens", "4", "--threads", "1"], input="hi\n/about\n")
     assert r.exit_code == 0, r.output
     from easd_local.engine.ways import auto_mode
     from easd_local.engine.devices import gpu_offload_supported

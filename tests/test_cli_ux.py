@@ -89,14 +89,14 @@ def test_same_rule_for_the_mode_in_generate_and_chat(tiny_draft, tiny_target):
     obj = _last_json(runner.invoke(app, ["generate", "hi", "-m", str(tiny_target), "-md", str(tiny_draft), "-n", "3",
                                          "-t", "1", "--json"]))
     assert obj["mode"] == auto_mode(gpu_offload_supported(), True).mode
-    assert obj["mode_auto"] is True and obj["mode_reason"] == auto_mode(gpu_offload_supported(), True).why
+    assert obj["auto_mode_reason"] == auto_mode(gpu_offload_supported(), True).why
 
 
 def test_chat_banner_lossless_note_and_transcript_path(tiny_draft, tiny_target, _home):
     from easd_local.engine.devices import gpu_offload_supported
 
     r = runner.invoke(app, ["chat", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1", "-n", "4",
-                            "--mode", "easd"], input="hi\n/mode sd\n/mode easd-tf\n/set mode easd\n")
+                            "--mode", "easd"], input="/about\nhi\n/mode sd\n/mode easd-tf\n/set mode easd\n/about\n")
     assert r.exit_code == 0, r.output
     err = r.stderr
     assert "note: easd is not lossless" in err and "/mode sd here, or --mode sd" in err
@@ -116,7 +116,7 @@ def test_chat_banner_lossless_note_and_transcript_path(tiny_draft, tiny_target, 
 
 def test_chat_sd_banner_has_no_note(tiny_draft, tiny_target):
     r = runner.invoke(app, ["chat", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1", "--mode", "sd",
-                            "--temp", "0"], input="")
+                            "--temp", "0"], input="/about\n")
     assert r.exit_code == 0, r.output
     assert "not lossless" not in r.stderr and "greedy, up to 1024 tokens" in r.stderr
 

@@ -47,7 +47,7 @@ def test_the_default_follows_the_recorded_costs(tiny_draft, tiny_target, tmp_pat
     pair = ["-md", tiny_draft, "-m", tiny_target, "--threads", "1", "-n", "6", "--json"]
     r = _run(["generate", "one two one two one two", *pair], tmp_path)
     obj = json.loads(r.stdout)
-    assert r.returncode == 0 and obj["mode"] == "target" and "easd-local pair costs" in obj["mode_reason"]
+    assert r.returncode == 0 and obj["mode"] == "target" and "easd-local pair costs" in obj["auto_mode_reason"]
     assert "draft" not in obj["placement"] or obj["placement"]["draft"] is None  # not loaded: nothing uses it
 
     _record(tiny_draft, tiny_target, {"target": 1.0, "sd:ngram-simple": 1.5, "sd": 0.6,
@@ -55,7 +55,7 @@ def test_the_default_follows_the_recorded_costs(tiny_draft, tiny_target, tmp_pat
     r = _run(["generate", "one two one two one two", *pair], tmp_path)
     obj = json.loads(r.stdout)
     assert (obj["mode"], obj["spec_type"]) == ("sd", "ngram-simple"), r.stderr
-    assert "1.50× the target alone" in obj["mode_reason"] and obj["lossless"] is True
+    assert "1.50× the target alone" in obj["auto_mode_reason"] and obj["lossless"] is True
     assert "draft" not in obj["placement"] or obj["placement"]["draft"] is None
     assert obj["draft_calls"] == 0
 
@@ -66,7 +66,7 @@ def test_the_default_follows_the_recorded_costs(tiny_draft, tiny_target, tmp_pat
     assert (obj["mode"], obj["spec_type"]) == ("sd", "draft") and obj["placement"]["draft"], r.stderr
     # flags win over the recorded default
     r = _run(["generate", "hi", *pair, "--mode", "target"], tmp_path)
-    assert json.loads(r.stdout)["mode"] == "target" and json.loads(r.stdout)["mode_reason"] is None
+    assert json.loads(r.stdout)["mode"] == "target" and json.loads(r.stdout)["auto_mode_reason"] is None
 
 
 def test_pair_costs_measures_every_way_and_records_it(tiny_draft, tiny_target, tmp_path):
@@ -83,7 +83,7 @@ def test_pair_costs_measures_every_way_and_records_it(tiny_draft, tiny_target, t
     way, why = choose(entry["ratios"], True)
     obj = json.loads(r.stdout)
     assert (obj["mode"], obj["spec_type"] if way.mode == "sd" else "draft") == (way.mode, way.spec_type)
-    assert obj["mode_reason"] == why
+    assert obj["auto_mode_reason"] == why
 
 
 def test_chat_loads_the_draft_model_when_a_mode_first_needs_it(tiny_draft, tiny_target, tmp_path):

@@ -246,7 +246,7 @@ def test_doctor(realistic_models, tmp_path, probing):
     r = _cli(["doctor"], probing, **env)
     assert r.returncode == 0, r.stderr
     keys = [ln.split(":", 1)[0] for ln in r.stdout.splitlines() if not ln.startswith(" ")]
-    assert keys == ["easd-local", "llama-cpp-python", "ggml", "python", "cpu", "llama.cpp system info", "backends",
+    assert keys == ["easd-local", "llama-cpp-python", "ggml", "python", "cpu", "load", "llama.cpp system info", "backends",
                     "gpu offload", "devices", "rpc backend", "home", "free space", "models", "default pair",
                     "self-test", "verdicts file", "ready"]
     assert "tiny-target" in r.stdout and "self-test took" in r.stdout and ", run now" in r.stdout

@@ -260,4 +260,4 @@ def test_chat_banner_says_the_context_was_rounded_up(tiny_target, tmp_path, monk
     assert "context 256 tokens (llama.cpp rounds --ctx 64 up to 256)" in r.stderr
     r = runner.invoke(app, [*args, "--ctx", "512"], input="")
     assert r.exit_code == 0, r.output
-    assert "context 512 tokens ·" in r.stderr and "rounds" not in r.stderr
+    assert "context 512 tokens\n" in r.stderr and "rounds" not in r.stderr

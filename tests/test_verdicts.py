@@ -83,7 +83,7 @@ def test_a_recorded_verdict_leaves_the_default_lossless(easd_home, tiny_draft, t
         assert r.returncode == 0 and json.loads(r.stdout)["mode"] == "target", r.stderr
     flagged = _run(["generate", "Hi", *pair, "--json", "--mode", "easd-tf"], easd_home)
     obj = json.loads(flagged.stdout)
-    assert obj["mode"] == "easd-tf" and obj["mode_auto"] is False and obj["lossless"] is False  # flags win
+    assert obj["mode"] == "easd-tf" and obj["auto_mode_reason"] is None and obj["lossless"] is False  # flags win
 
 
 def test_bench_report_records_the_verdict(easd_home, tiny_draft, tiny_target, tmp_path):

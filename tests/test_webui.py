@@ -12,7 +12,7 @@ import json
 from collections import Counter
 
 import pytest
-from browser_helpers import chrome, find_browser, wait
+from browser_helpers import MATHS_TEXT, chrome, find_browser, serve_canned_reply, token_records, wait
 from serve_helpers import ServerProc, http, metric_values, openai_client, start_tiny, stop_clean
 
 from easd_local.engine.decoding import ORIGINS
@@ -82,8 +82,8 @@ def no_console_errors(d) -> None:
 
 # ------------------------------------------------------------------ HTTP, no browser
 def test_page_files_ship_in_the_package():
-    """A wheel carries the page: pyproject's package-data covers every file the app serves."""
-    import fnmatch
+    """A wheel carries the page: pyproject's package-data globs (setuptools' globs: ``*`` stays
+    in its folder) cover every file the app serves, KaTeX's fonts in their sub-folder too."""
     from pathlib import Path
 
     try:
@@ -95,9 +95,12 @@ def test_page_files_ship_in_the_package():
 
     repo = Path(__file__).resolve().parents[1]
     patterns = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    pkg = repo / "easd_local" / "server"
+    shipped = {p.relative_to(pkg).as_posix() for pat in patterns["easd_local.server"] for p in pkg.glob(pat)}
+    assert {"webui/index.html", "webui/katex/katex.min.js", "webui/katex/fonts/KaTeX_Main-Regular.woff2"} <= set(
+        f"webui/{n}" for n in webui.FILES)
     for name in webui.FILES:
-        assert (repo / "easd_local" / "server" / "webui" / name).is_file(), name
-        assert any(fnmatch.fnmatch(f"webui/{name}", p) for p in patterns["easd_local.server"]), name
+        assert f"webui/{name}" in shipped, name
 
 
 def test_page_assets_and_props(server, tiny_draft, tiny_target):
@@ -177,6 +180,7 @@ def test_chat_page_colours_tokens_by_origin(server, client, browser, tmp_path):
     open_page(d, server)
     assert "easd (not lossless)" in d.find_element(By.ID, "server-line").text
     assert "flags" in d.find_element(By.ID, "source-note").text
+    d.find_element(By.ID, "render-md").click()  # the tokens as they came, not drawn as Markdown
     before = metric_values(http("GET", server.base + "/metrics")[2])
 
     d.find_element(By.ID, "input").send_keys(PROMPT)
@@ -228,6 +232,96 @@ def test_chat_page_colours_tokens_by_origin(server, client, browser, tmp_path):
     d.find_element(By.ID, "new-chat").click()
     assert d.find_elements(By.CSS_SELECTOR, "#messages li") == []
     no_console_errors(d)
+
+
+@needs_browser
+def test_the_header_follows_the_mode_chosen(server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    d = browser
+    open_page(d, server)
+    line = lambda: d.find_element(By.ID, "server-line").text  # noqa: E731
+    assert "mode easd (not lossless)" in line() and "server default" not in line()
+    Select(d.find_element(By.ID, "set-mode")).select_by_value("sd")
+    assert "mode sd (lossless) (server default easd)" in line(), line()
+    Select(d.find_element(By.ID, "set-mode")).select_by_value("easd-tf")
+    assert "mode easd-tf (not lossless)" in line(), line()
+    d.find_element(By.ID, "reset-settings").click()
+    assert "mode easd (not lossless)" in line() and "server default" not in line()
+
+
+@needs_browser
+def test_a_finished_reply_renders_markdown_and_maths_over_its_tokens(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    open_page(d, server)
+    # a maths reply, then markup that must stay text whatever the model writes
+    table = "\n\n| rows | trees |\n|---|--:|\n| 17 | $17 \\cdot 23$ |\n\n"
+    evil = " <img src=x onerror=\"document.body.dataset.owned=1\"> <b>no</b> **<i>x</i>**"
+    records = token_records(MATHS_TEXT + table + evil)
+    serve_canned_reply(d, records)
+    d.find_element(By.ID, "input").send_keys("17 rows of 23 trees, 40 sold: how many left?")
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelector('.msg.assistant')?.dataset.rendered", what="the rendered reply")
+    reply = ".msg.assistant .reply"
+    # KaTeX drew the formulas (HTML and MathML), display and inline, with its own fonts
+    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .math .katex math")) == 4
+    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .math-display .katex-display")) == 1
+    assert "\\boxed{351}" in d.execute_script(
+        f"return [...document.querySelectorAll('{reply} annotation')].map(a => a.textContent).join(' ')")
+    wait(d, "document.fonts.status === 'loaded' && [...document.fonts].some(f => f.family.includes('KaTeX') "
+            "&& f.status === 'loaded')", what="KaTeX's fonts from the package")
+    # Markdown: strong, a list; every piece of text is a token's, with its origin and figures
+    by_i = {r["i"]: r for r in records}
+    strong = d.execute_script(f"return [...document.querySelector('{reply} strong').querySelectorAll('.tok')].map("
+                              "s => [Number(s.dataset.i), s.className, s.textContent])")
+    assert "".join(t for _, _, t in strong) == "40 trees" and len(strong) == 2
+    for i, cls, text in strong:
+        assert cls == f"tok o-{by_i[i]['origin']}" and text in by_i[i]["text"]
+    assert d.execute_script(f"return [...document.querySelectorAll('{reply} li')].map(li => li.textContent)") == [
+        "rows: 17", "trees in a row: 23"]
+    cells = d.execute_script(f"return [...document.querySelectorAll('{reply} tr')].map(r => [...r.cells].map("
+                             "c => [c.tagName, c.textContent.trim()]))")
+    assert [[t for t, _ in r] for r in cells] == [["TH", "TH"], ["TD", "TD"]]
+    assert [x for _, x in cells[0]] == ["rows", "trees"] and cells[1][0][1] == "17"
+    assert d.execute_script(f"return document.querySelector('{reply} td:last-child .katex') !== null")
+    # the boxed answer's tokens: the marks under its formula, in order, with their origins
+    box = next(r["i"] for r in records if r["text"].strip() == "\\boxed")
+    strip = d.execute_script(f"const m = [...document.querySelectorAll('{reply} .math')].find(x => "
+                             "x.querySelector('annotation').textContent.includes('boxed')); return "
+                             "[...m.querySelectorAll('.math-tokens .tok')].map(s => [Number(s.dataset.i), "
+                             "s.dataset.origin, s.dataset.text])")
+    assert box in [i for i, _, _ in strip] and all(o == by_i[i]["origin"] and t == by_i[i]["text"]
+                                                   for i, o, t in strip)
+    # every token is on the page in order (a formula's as its marks) but those that are only
+    # markup: emphasis, a list's dash, a table's pipes and its |---| line
+    shown = d.execute_script(f"return [...document.querySelectorAll('{reply} .tok')].map(s => Number(s.dataset.i))")
+    missing = set(by_i) - set(shown)
+    assert shown == sorted(shown) and missing and all(set(by_i[i]["text"].strip()) <= set("*-|:") for i in missing), [
+        by_i[i]["text"] for i in missing]
+    # a gate fire among them keeps its details
+    d.find_element(By.CSS_SELECTOR, f"{reply} .tok.o-easd").click()
+    assert "gate fire" in d.find_element(By.ID, "token-info").text and "1.357 nats" in d.find_element(
+        By.ID, "token-info").text
+    # the model's markup stayed text
+    assert not d.find_elements(By.CSS_SELECTOR, f"{reply} img, {reply} b, {reply} i")
+    assert '<img src=x onerror="document.body.dataset.owned=1">' in d.find_element(By.CSS_SELECTOR, reply).text
+    assert d.execute_script("return document.body.dataset.owned") is None
+    assert [e.text for e in d.find_elements(By.CSS_SELECTOR, f"{reply} strong")] == ["40 trees", "<i>x</i>"]
+    d.save_screenshot(str(tmp_path / "maths.png"))
+    d.set_window_size(400, 860)  # a phone: nothing scrolls sideways
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth"), "scrolls sideways"
+    d.set_window_size(1280, 900)
+    # the switch: the tokens as they came, one span each, then drawn again
+    d.find_element(By.ID, "render-md").click()
+    raw = page_tokens(d, f"{reply} .tok")
+    assert [(t["i"], t["origin"], t["text"]) for t in raw] == [(r["i"], r["origin"], r["text"]) for r in records]
+    assert not d.find_elements(By.CSS_SELECTOR, f"{reply} .katex")
+    d.find_element(By.ID, "render-md").click()
+    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .katex")) == 4
+    no_console_errors(d)  # a style or font the CSP refused would be here
 
 
 @needs_browser

@@ -23,6 +23,7 @@ class Session(Protocol):
 
     cfg: DecodeConfig
     system: str | None
+    about: Callable[[], str] | None  # the front end's details (mode and why, sampling, placement)
 
     def set_mode(self, mode: str) -> None: ...
 
@@ -130,6 +131,10 @@ def _save(s: Session, arg: str) -> CommandResult:
     return CommandResult(True, f"saved {path}", kind="save", data={"path": str(path)})
 
 
+def _about(s: Session, arg: str) -> CommandResult:
+    return CommandResult(True, s.about() if s.about else f"mode {s.cfg.mode}", kind="about")
+
+
 def _help(s: Session, arg: str) -> CommandResult:
     return CommandResult(True, help_text(), kind="help")
 
@@ -149,6 +154,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("reset", "", "clear the conversation (the system prompt stays)", _reset),
     Command("save", "[PATH]", "save the conversation (.json, or .md for Markdown); default in the transcripts folder",
             _save),
+    Command("about", "", "the pair, the mode and why, sampling, where the layers are", _about),
     Command("help", "", "this list", _help, aliases=("?",)),
     Command("quit", "", "leave the chat", _quit, aliases=("exit", "q")),
 )

@@ -183,6 +183,7 @@ class ChatSession:
         self.thresholds_source = thresholds_source
         self.transcript = transcript
         self.label = label
+        self.about: Callable[[], str] | None = None  # set by the front end for /about
         self.messages: list[Message] = []
         self.totals = SessionTotals()
         self._pending: dict | None = None  # the reply being generated

@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from .. import host
 from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter
 from ..chat.commands import synopsis
 from ..engine.config import DecodeConfig, not_lossless
@@ -22,7 +23,7 @@ from ..engine.runtime import Model
 from . import options as o
 from .common import console, err_console, friendly
 from .progress import spinner, until_first
-from .render import LEGEND, ORIGIN_STYLE, placement_line, status_line
+from .render import LEGEND, ORIGIN_STYLE, placement_line, repack_news, repack_note, status_line
 
 
 # the keys that _Input and _loop give a meaning to; /help ends with them
@@ -104,7 +105,7 @@ def _note(text: str, style: str = "dim") -> None:
     err_console.print(Text(text, style=style), soft_wrap=not err_console.is_terminal)
 
 
-def _run_turn(session: ChatSession, text: str, writer: _Writer) -> None:
+def _run_turn(session: ChatSession, text: str, writer: _Writer, load_before: float | None = None) -> None:
     try:
         stream = session.send(text)
     except EasdError as e:
@@ -135,7 +136,8 @@ def _run_turn(session: ChatSession, text: str, writer: _Writer) -> None:
     if reply.interrupted:
         _note(f"[interrupted after {reply.n_tokens} tokens; the partial reply is kept in the history]", "yellow")
     elif reply.stats is not None:
-        _note(status_line(reply.stats))
+        busy = host.busy_note((load_before, False), (host.load(), True))
+        _note(status_line(reply.stats, busy=busy))
 
 
 def _notices(session: ChatSession) -> None:
@@ -143,7 +145,9 @@ def _notices(session: ChatSession) -> None:
         _note(n.text, "yellow")
 
 
-def _loop(session: ChatSession, show_origin: bool) -> None:
+def _loop(session: ChatSession, show_origin: bool, load_before: float | None = None) -> None:
+    """``load_before``: the load before the models loaded; it counts for the first reply only
+    (later, the average still carries our own last reply)."""
     reader = _Input()
     writer = _Writer(show_origin)
     while True:
@@ -170,7 +174,8 @@ def _loop(session: ChatSession, show_origin: bool) -> None:
                 _note(KEYS, "dim")
             continue
         try:
-            _run_turn(session, text, writer)
+            _run_turn(session, text, writer, load_before)
+            load_before = None
         except KeyboardInterrupt:
             # a Ctrl-C outside the token loop (e.g. while printing the status line)
             session.interrupt()
@@ -193,12 +198,22 @@ def _load_draft(models, spec, dopts):
     return models.draft
 
 
-def banner(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str,
-           asked_ctx: int | None = None) -> list[tuple[str, str]]:
-    """The lines chat starts with, and their styles (``asked_ctx``: --ctx, when llama.cpp may have rounded it)."""
+def banner(label: str, mode: str, why: str, n_ctx: int, asked_ctx: int | None = None) -> list[tuple[str, str]]:
+    """The two lines chat starts with, and their styles: what runs, and where the rest is
+    (``asked_ctx``: --ctx, when llama.cpp may have rounded it)."""
+    head = (f"easd-local chat · {label} · mode {mode}{' (auto)' if why else ''} · "
+            f"context {n_ctx} tokens{o.ctx_note(asked_ctx, n_ctx)}", "dim")
+    keys = "/about, /help, Ctrl-D to leave"
+    if not_lossless(mode):
+        return [head, (f"note: not lossless; /mode sd gives the target's own output · {keys}", "yellow")]
+    return [head, ("/about for the mode, sampling and layers · /help for commands · Ctrl-D to leave", "dim")]
+
+
+def details(label: str, mode: str, why: str, n_ctx: int, cfg, placement: str,
+            asked_ctx: int | None = None) -> list[tuple[str, str]]:
+    """What /about and --verbose show: the mode and why, sampling, where the layers are."""
     lines = [(f"easd-local chat · {label} · mode {mode}{f' (auto: {why})' if why else ''} · "
-              f"context {n_ctx} tokens{o.ctx_note(asked_ctx, n_ctx)} · "
-              "/help for commands, Ctrl-D to leave", "dim")]
+              f"context {n_ctx} tokens{o.ctx_note(asked_ctx, n_ctx)}", "dim")]
     sampling = "greedy" if cfg.greedy else f"sampling: {_sampling(cfg)}"
     lines.append((f"{sampling}, up to {cfg.max_tokens} tokens a reply · {placement}", "dim"))
     reason = not_lossless(mode)
@@ -232,6 +247,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         flags = o.decode_flags(kw)
         o.decode_config(CHAT_DEFAULTS, **flags)  # every value is checked before any model loads
         topts, dopts = o.llama_options(kw)
+        load_before = host.load()  # before our own threads add to it
         spec, cfg, source, why = o.pair_and_config(kw, flags, CHAT_DEFAULTS)
         # the draft model only when the chosen way uses it (/mode easd then asks for a restart)
         with spinner(f"loading {spec.label}"):
@@ -244,13 +260,24 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 verify_costs=o.verify_costs(spec, kw),
                 load_draft=(lambda: _load_draft(models, spec, dopts)) if spec.draft is not None else None,
             )
+            where = placement_line(models)  # all of it, the repacking note too: for /about and --verbose
+
+            def about() -> str:
+                # the mode and settings now, after any /mode or /set
+                return "\n".join(line for line, _ in details(spec.label, o.mode_label(session.cfg), why, session.n_ctx,
+                                                               session.cfg, where, kw["ctx"]))
+
+            session.about = about
             try:
-                for line, style in banner(spec.label, o.mode_label(cfg), why, session.n_ctx, cfg, placement_line(models),
-                                          asked_ctx=kw["ctx"]):
+                for line, style in banner(spec.label, o.mode_label(cfg), why, session.n_ctx, asked_ctx=kw["ctx"]):
                     _note(line, style)
+                if kw["verbose"]:
+                    _note(about())
+                elif repack_news(models):
+                    _note(repack_note(models) + " (shown once; easd-local doctor repeats it)", "yellow")
                 if show_origin and sys.stdout.isatty():
                     err_console.print(LEGEND)
-                _loop(session, show_origin)
+                _loop(session, show_origin, load_before)
             finally:
                 session.close()
                 _note(f"transcript: {transcript.path}")

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from .. import host
 from ..store import provenance
 from ..engine.config import DecodeConfig, not_lossless
 from ..errors import ChatTemplateError, ConfigError
@@ -21,7 +22,8 @@ from .common import console, err_console, friendly
 from ..fsutil import write_jsonl_atomic
 from ..engine.text import check_text, decode_input
 from .progress import spinner, until_first
-from .render import LEGEND, ORIGIN_STYLE, placement, placement_line, run_settings, status_line, trace_rows
+from .render import (LEGEND, ORIGIN_STYLE, placement, placement_line, repack_news, run_settings, status_line,
+                     trace_rows)
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
@@ -54,10 +56,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         check_text(prompt, "the prompt")
         if system is not None:
             check_text(system, "the system message")
+        load_before = host.load()  # before our own threads add to it
         spec, cfg, source, why = o.pair_and_config(kw, flags, DecodeConfig())
         info = cfg.mode_info
-        if why:
-            err_console.print(Text(f"note: mode {o.mode_label(cfg)}: {why}", style="dim"), soft_wrap=True)
         with spinner(f"loading {spec.label}"):
             models = open_models(
                 # target mode given only a draft file: loaded so that the mode's check names the missing target
@@ -67,6 +68,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             )
         models.verify_costs = o.verify_costs(spec, kw)
         with models:
+            if why and not json_out and o.worth_saying(why):  # once loaded: a load error stays the one line
+                err_console.print(Text(f"note: mode {o.mode_label(cfg)}: {why}", style="dim"), soft_wrap=True)
             main = models.target if models.target is not None else models.draft
             cfg.validate(models.n_vocab)
             if chat:
@@ -102,17 +105,22 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             assert fin is not None
             if trace is not None:
                 write_jsonl_atomic(trace, trace_rows(events))
+            load_after = host.load()
+            busy = host.busy_note((load_before, False), (load_after, True))
             if json_out:
                 prov = provenance.collect(spec.draft, spec.target, topts, dopts)
                 margin = gate_margin(events, cfg.tau_draft, cfg.tau_target, cfg.overlap)
                 obj = {"text": fin.text, "pair": spec.label, **fin.stats.to_dict(), **margin.to_stats(),
                        **run_settings(cfg, spec), "lossless": reason is None, "completion_tokens": fin.tokens,
-                       "mode_auto": bool(why), "mode_reason": why or None,
-                       "placement": placement(models), "provenance": prov.to_dict()}
+                       "auto_mode_reason": why or None, "placement": placement(models),
+                       "cpu_load": {"before": load_before, "after": load_after, "cores": host.cores(),
+                                    "busy": busy or None},
+                       "provenance": prov.to_dict()}
                 out.write(json.dumps(obj, ensure_ascii=False) + "\n")
             else:
                 if fin.tail:
                     out.write(fin.tail)
                 out.write("\n")
                 out.flush()
-                err_console.print(status_line(fin.stats, placement_line(models, "status")), style="dim")
+                where = placement_line(models, "status", repack=repack_news(models, topts.verbose))
+                err_console.print(status_line(fin.stats, where, busy), style="dim")

@@ -15,6 +15,7 @@ from typing import Annotated, Optional, Sequence
 import typer
 
 from ..engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, FIELD_TYPES, MODES, DecodeConfig, LOSSLESS_HELP
+from .. import host
 from ..errors import ConfigError
 from ..engine.ways import auto_mode
 from ..engine.rpc import parse_endpoints, parse_tensor_split
@@ -43,7 +44,7 @@ YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Download without aski
 
 CtxOpt = Annotated[int, typer.Option("--ctx", "-c", metavar="N", help="Context length (tokens) for each model.")]
 ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", "-t", metavar="N",
-                                                   help=with_default("CPU threads.", "all cores"))]
+                                                   help=with_default("CPU threads.", "physical cores, as llama.cpp"))]
 NglOpt = Annotated[int, typer.Option("--n-gpu-layers", "-ngl", metavar="N",
                                      help="Target layers to offload to the GPU (-1 = all; ignored on a CPU build).")]
 NglDraftOpt = Annotated[Optional[int], typer.Option("--n-gpu-layers-draft", "-ngld", metavar="N",
@@ -140,6 +141,8 @@ def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: b
     if threads is not None and threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {threads}")
     repack = False if no_repack else None  # None: the self-test decides
+    if threads is None:
+        threads = host.physical_cores()  # llama.cpp's own default: hyperthreads add little to its matmuls
     t = LoadOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
                     main_gpu=main_gpu, verbose=verbose, rpc=rpc_t, tensor_split=split, extra_bufts=repack)
     d = LoadOptions(n_ctx=ctx, n_threads=threads,
@@ -246,6 +249,15 @@ def mode_label(cfg: DecodeConfig) -> str:
 def load_draft(spec: PairFiles, cfg: DecodeConfig):
     """The draft file to load: only when the mode and drafters use it (or it is the only model)."""
     return spec.draft if cfg.needs_draft_model or spec.target is None else None
+
+
+def worth_saying(why: str) -> bool:
+    """Whether to print auto's reason: a measured choice every time (it names its figures), the
+    hint that nothing was measured once per machine (``once``): after that it is noise."""
+    from ..engine.ways import MEASURE_HINT
+    from .once import first_time
+
+    return MEASURE_HINT not in why or first_time(why)
 
 
 def measured(spec: PairFiles, kw: dict) -> dict | None:

@@ -11,6 +11,7 @@ from ..jsonsafe import json_number
 from ..engine.modes import mode_info
 from ..engine.devices import backends, system_info
 from ..units import human_size
+from .once import first_time
 
 # the target's own choices (target mode, easd-tf) and draft mode's tokens stay plain
 ORIGIN_STYLE = {DRAFT: "green", RESAMPLED: "yellow", EASD: "bold magenta", BONUS: "cyan", LOOKUP: "blue"}
@@ -20,7 +21,7 @@ LEGEND = (
 )
 
 
-def status_line(s: Stats, where: str = "") -> str:
+def status_line(s: Stats, where: str = "", busy: str = "") -> str:
     parts = [f"{s.mode}", f"{s.tokens} tokens", f"{s.tokens_per_s:.1f} tok/s", f"ttft {s.ttft_s:.2f}s"]
     info = mode_info(s.mode)
     if info.speculative:
@@ -34,6 +35,8 @@ def status_line(s: Stats, where: str = "") -> str:
         parts.append(f"stop: {s.stop_reason}")
     if where:
         parts.append(where)
+    if busy:  # last, where the eye lands after a slow reply
+        parts.append(busy)
     return " · ".join(parts)
 
 
@@ -100,13 +103,24 @@ def repack_note(models) -> str:
     return " · ".join(notes)
 
 
+def repack_news(models, always: bool = False) -> bool:
+    """Whether to show the repacking note now: ``always`` (doctor, ``models check --load``,
+    --verbose), else only the first time these models load on this machine with that note."""
+    note = repack_note(models)
+    if not note or always:
+        return bool(note)
+    names = sorted(m.path.name for m in (getattr(models, r, None) for r in ("target", "draft"))
+                   if m is not None and getattr(m, "path", None) is not None)
+    return first_time(f"{note} · {' '.join(names)}")
+
+
 def _layers(r: dict) -> str:
     """One model's layers by device, e.g. ``CPU 20/28 + CUDA0 8/28``."""
     total = r["layers_total"]
     return " + ".join(f"{dev} {n}/{total}" for dev, n in r["layers"].items()) or "layers unknown"
 
 
-def placement_line(models, form: str = "banner") -> str:
+def placement_line(models, form: str = "banner", repack: bool = True) -> str:
     """Where each model's layers live and its memory, rendered from ``placement``: the one
     rendering, in three forms.
 
@@ -117,10 +131,11 @@ def placement_line(models, form: str = "banner") -> str:
     - ``check`` (``models check --load``): the backend and memory, then one line per model's
       layers (``target layers: 20/28 on CPU, 8/28 on CUDA0``).
 
-    The repacking note, when there is one, ends every form."""
+    The repacking note, when there is one and ``repack`` asks for it (``repack_news``), ends
+    every form."""
     p = placement(models)
     roles = [r for r in ("target", "draft") if p.get(r)]
-    note = [p["repack_note"]] if p.get("repack_note") else []
+    note = [p["repack_note"]] if repack and p.get("repack_note") else []
     if form == "status":
         roles = [r for r in roles if p[r]["layers"]]
         off_cpu = {dev for r in roles for dev in p[r]["layers"]} - {"CPU"}

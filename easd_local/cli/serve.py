@@ -16,7 +16,7 @@ from ..errors import ConfigError, EasdError
 from ..engine.pair import open_models
 from . import options as o
 from .common import err_console, friendly
-from .render import placement_line
+from .render import placement_line, repack_news
 
 
 def is_loopback(host: str) -> bool:
@@ -124,7 +124,7 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
     def on_loaded(pair) -> dict:
         # the banner's placement line, and the provenance that /v1/models and every response's
         # env_id carry (model hashes come from the hash cache: only unknown files are read)
-        err_console.print(placement_line(pair), style="dim", soft_wrap=True)
+        err_console.print(placement_line(pair, repack=repack_news(pair, topts.verbose)), style="dim", soft_wrap=True)
         return provenance.collect(spec.draft, spec.target, topts, dopts, parallel=parallel).to_dict()
 
     def load():

@@ -1,7 +1,8 @@
 """The browser chat page of `serve` (GET /) and what it asks the server (GET /props).
 
-The page is four static files shipped in the package (server/webui/: HTML, CSS, a small
-script, an icon), read once when the app is made: no build step, no CDN, so it works offline. Its
+The page is static files shipped in the package (server/webui/: HTML, CSS, two small scripts,
+an icon, and KaTeX from npm with its fonts under webui/katex/ for the maths in finished
+replies), read once when the app is made: no build step, no CDN, so it works offline. Its
 script talks to the same OpenAI endpoints as any client and reads the ``easd_tokens``
 stream extension (server/spans.py) to colour each token by origin. ``props`` is what
 the page needs to know before the first request: the pair, the server's defaults with
@@ -24,8 +25,22 @@ from ..engine.modes import MODE_TABLE, MODES, needs_draft_model
 from ..engine.pair import Pair
 from .responses import lossless
 
-FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
-         "style.css": "text/css; charset=utf-8", "icon.svg": "image/svg+xml"}
+TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".woff2": "font/woff2"}
+
+
+def _served(folder, prefix: str = "") -> dict[str, str]:
+    """Every file of ``folder`` (and its sub-folders) the page may ask for, by path: its media type."""
+    out = {}
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            out.update(_served(entry, f"{prefix}{entry.name}/"))
+        elif any(entry.name.endswith(ext) for ext in TYPES):
+            out[prefix + entry.name] = next(t for ext, t in TYPES.items() if entry.name.endswith(ext))
+    return out
+
+
+FILES = _served(resources.files(__package__).joinpath("webui"))
 # the page needs nothing from elsewhere: anything else it tried to load would be refused
 HEADERS = {
     "Cache-Control": "no-cache",
@@ -42,7 +57,7 @@ def read_files() -> dict[str, bytes]:
 
 
 def page_routes() -> list[Route]:
-    """GET / (the page) and GET /webui/{name} (its script, style sheet and icon)."""
+    """GET / (the page) and GET /webui/{name} (its scripts, style sheets, icon and fonts)."""
     files = read_files()
 
     def send(name: str) -> Response:
@@ -57,7 +72,7 @@ def page_routes() -> list[Route]:
             raise HTTPException(404, "Not Found")
         return send(name)
 
-    return [Route("/", index, methods=["GET"]), Route("/webui/{name}", asset, methods=["GET"])]
+    return [Route("/", index, methods=["GET"]), Route("/webui/{name:path}", asset, methods=["GET"])]
 
 
 def props(model_name: str, base: DecodeConfig, thresholds_source: str, pair: Pair, webui: bool) -> dict:

@@ -12,6 +12,7 @@
     "easd": ["gate fire", "both models unsure and agreeing: the EASD gate fired, the target picked again without the draft's token"],
     "bonus": ["bonus", "all drafted tokens kept: the target's next token came free"],
     "draft-only": ["draft alone", "draft mode: the draft chose it, nothing checked it"],
+    "lookup": ["prompt lookup", "drafted by copying from the prompt (no draft model), accepted by the target's check"],
   };
   // which `timings` field counts each origin (draft-only has none: it is every token in draft mode)
   const COUNT_FIELD = { draft: "draft_n_accepted", target: "target_tokens", resampled: "sd_rejections",
@@ -19,7 +20,8 @@
   const SETTINGS = ["temperature", "max_tokens", "gamma", "tau_draft", "tau_target", "top_n", "overlap", "penalty"];
   const THRESHOLDS = ["tau_draft", "tau_target", "top_n", "overlap", "penalty"];
 
-  const state = { key: sessionStorage.getItem("easd-local-key"), props: null, history: [], running: null };
+  // views: the chat's finished replies, drawn as Markdown and maths or as plain tokens (the switch)
+  const state = { key: sessionStorage.getItem("easd-local-key"), props: null, history: [], running: null, views: [] };
 
   // ---------------------------------------------------------------- the server
   function headers() {
@@ -161,7 +163,7 @@
     }
     if (m.gated) parts.push(`gate fires ${t.gate_fires}`);
     if (m.gated && !m.speculative && t.draft_consults !== null) parts.push(`draft consults ${t.draft_consults}`);
-    parts.push(`TTFT ${fmt(t.ttft_ms / 1000, 2)} s`, `${t.mode}: ${t.lossless ? "lossless" : "not lossless"}`);
+    parts.push(`TTFT ${fmt(t.ttft_ms == null ? null : t.ttft_ms / 1000, 2)} s`, `${t.mode}: ${t.lossless ? "lossless" : "not lossless"}`);
     return parts.join(" · ");
   }
 
@@ -207,7 +209,7 @@
     const head = document.createElement("p");
     const sample = document.createElement("span");
     sample.className = "tok o-" + o;
-    sample.textContent = JSON.stringify(span.textContent);
+    sample.textContent = JSON.stringify(span.dataset.text ?? span.textContent); // a formula's token has its text there
     head.append(sample, ` token ${Number(span.dataset.i) + 1}: ${name}`);
     const dl = document.createElement("dl");
     const row = (k, v) => { const dt = document.createElement("dt"); dt.textContent = k; const dd = document.createElement("dd"); dd.textContent = v; dl.append(dt, dd); };
@@ -272,7 +274,18 @@
     return body;
   }
 
+  // the header names the mode the next request will use, as the settings now say
+  function showServerLine() {
+    const mode = $("set-mode").value || state.props.defaults.mode;
+    const m = modeRow(mode);
+    const lossless = m.lossless ?? state.props.defaults.lossless;
+    const dflt = mode === state.props.defaults.mode ? "" : ` (server default ${state.props.defaults.mode})`;
+    $("server-line").textContent = `${state.props.model} · mode ${mode} (${lossless ? "lossless" : "not lossless"})${dflt}` +
+      ` · thresholds: ${state.props.defaults.thresholds_source}`;
+  }
+
   function showNotes() {
+    showServerLine();
     const m = modeRow($("set-mode").value);
     const gateOff = ["tau_draft", "tau_target"].some((k) => $("set-" + k).value.trim() === "inf")
       || Number($("set-overlap").value) > 1;
@@ -358,10 +371,12 @@
       const t = await stream({ ...body, messages: state.history }, view, ctl.signal);
       state.history.push({ role: "assistant", content: viewText(view) });
       finishView(view, t, "done");
+      keepView(view);
     } catch (e) {
       if (ctl.signal.aborted) {
         state.history.push({ role: "assistant", content: viewText(view) });
         finishView(view, null, "stopped");
+        keepView(view);
       } else {
         state.history.pop(); // the question goes unanswered: ask again without it
         failView(view, e.message);
@@ -372,6 +387,23 @@
     }
   }
 
+  // a finished reply: Markdown and maths drawn over its tokens, or its tokens as they came
+  function drawView(view) {
+    if ($("render-md").checked && window.easdMarkdown) {
+      window.easdMarkdown.render(view.spans, view.body);
+      view.container.dataset.rendered = "1";
+    } else {
+      view.body.textContent = "";
+      for (const s of view.spans) if (s) view.body.append(s);
+      delete view.container.dataset.rendered;
+    }
+  }
+
+  function keepView(view) {
+    state.views.push(view);
+    drawView(view);
+  }
+
   function stop() {
     if (state.running) state.running.abort();
   }
@@ -379,6 +411,7 @@
   function newChat() {
     stop();
     state.history = [];
+    state.views = [];
     $("messages").textContent = "";
     $("input").focus();
   }
@@ -533,12 +566,12 @@
     $("tab-compare").addEventListener("click", () => showView("compare"));
     $("compare-form").addEventListener("submit", (ev) => { ev.preventDefault(); compare(); });
     $("reset-settings").addEventListener("click", fillSettings);
+    $("render-md").addEventListener("change", () => { for (const v of state.views) drawView(v); });
     for (const id of ["set-mode", ...SETTINGS.map((k) => "set-" + k)]) $(id).addEventListener("input", showNotes);
+    $("set-mode").addEventListener("change", showNotes); // a select may fire only "change"
     setBusy(true);
     state.props = await loadProps();
     const d = state.props.defaults;
-    $("server-line").textContent = `${state.props.model} · mode ${d.mode} (${d.lossless ? "lossless" : "not lossless"})` +
-      ` · thresholds: ${d.thresholds_source}`;
     fillModes($("set-mode"), d.mode);
     const names = state.props.modes.map((m) => m.name);
     const gated = state.props.modes.find((m) => m.gated);
