@@ -115,7 +115,9 @@ def test_chat_two_turns_and_commands(tiny_draft, tiny_target, home, tmp_path):
     rows = _transcript_rows(home)
     kinds = [row["event"] for row in rows]
     assert kinds[0] == "session_start" and kinds[-1] == "session_end"
-    assert rows[0]["draft"] == str(tiny_draft) and rows[0]["settings"]["temperature"] == 0.7
+    # the default way (nothing measured: the target alone) does not load the draft model; /mode sd does
+    assert rows[0]["draft"] is None and rows[0]["settings"]["temperature"] == 0.7
+    assert [row["draft"] for row in rows if row["event"] == "draft_loaded"] == [str(tiny_draft)]
     assert kinds.count("user") == 2 and kinds.count("assistant") == 2
     assert "mode" in kinds and "set" in kinds and "system" in kinds and "reset" in kinds
     replies = [row for row in rows if row["event"] == "assistant"]

@@ -18,7 +18,7 @@ pytest.importorskip("llama_cpp")
 
 from easd_local import host  # noqa: E402
 from easd_local.engine.devices import gpu_offload_supported  # noqa: E402
-from easd_local.engine.modes import auto_mode  # noqa: E402
+from easd_local.engine.ways import auto_mode  # noqa: E402
 
 EASD = [sys.executable, "-m", "easd_local"]
 REPACK_LINE = "weight repacking off: llama.cpp's repacked-weight kernels crashed on this CPU in a self-test"
@@ -86,7 +86,8 @@ def test_busy_counts_our_own_threads_only_after_a_reply(monkeypatch):
 
 def test_generate_json_gives_the_auto_modes_reason(easd_home, pair):
     js = json.loads(_cli(["generate", "Hi", *pair, "--json"], easd_home).stdout)
-    mode, why = auto_mode(gpu_offload_supported(), -1, True)
+    c = auto_mode(gpu_offload_supported(), True)
+    mode, why = c.mode, c.why
     assert js["mode"] == mode and js["auto_mode_reason"] == why and why
     flagged = json.loads(_cli(["generate", "Hi", *pair, "--json", "--mode", "sd"], easd_home).stdout)
     assert flagged["auto_mode_reason"] is None  # --mode chose it

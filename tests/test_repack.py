@@ -96,7 +96,7 @@ def _cli(args, home: Path, **env) -> subprocess.CompletedProcess:
 
 def test_simulated_crash_reaches_json_and_the_load(realistic_models, easd_home):
     r = _cli(["generate", "Hello there", "-md", realistic_models["draft"], "-m", realistic_models["target"],
-              "-n", "6", "--json", "--threads", "2"], easd_home, EASD_LOCAL_REPACK_PROBE="crash")
+              "-n", "6", "--json", "--threads", "2", "--mode", "sd"], easd_home, EASD_LOCAL_REPACK_PROBE="crash")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     note = out["placement"]["repack_note"]

@@ -111,8 +111,7 @@ def check_mode(cfg: DecodeConfig, target: Model | None, draft: Model | None) -> 
     mode, info = cfg.mode, cfg.mode_info
     if cfg.needs_draft_model and draft is None:
         uses = "" if info.needs_draft else f" with --spec-type {cfg.spec_type}"
-        raise ConfigError(f"mode {mode}{uses} needs the draft model, which this chat did not load "
-                          "(start it with --mode or --spec-type that uses it)")
+        raise ConfigError(f"mode {mode}{uses} needs a draft model, and this chat was started without one")
     if info.needs_target and target is None:
         raise ConfigError(f"mode {mode} needs a target model, and this chat was started without one")
 

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..engine.ways import auto_mode
 from ..engine.rpc import parse_endpoints, parse_tensor_split
 from ..engine.devices import gpu_offload_supported
+from ..engine.pair import check_pair_files
 from ..engine.runtime import LoadOptions
 from ..store.resolve import PairFiles, resolve_config, resolve_pair
 
@@ -247,7 +248,11 @@ def mode_label(cfg: DecodeConfig) -> str:
 
 
 def load_draft(spec: PairFiles, cfg: DecodeConfig):
-    """The draft file to load: only when the mode and drafters use it (or it is the only model)."""
+    """The draft file to load: only when the mode and drafters use it (or it is the only model).
+    A pair given whole is checked either way (vocabularies only, no weights): an incompatible
+    pair is refused at once, not when a later mode first needs the draft."""
+    if spec.draft is not None and spec.target is not None:
+        check_pair_files(spec.draft, spec.target)
     return spec.draft if cfg.needs_draft_model or spec.target is None else None
 
 

@@ -91,13 +91,15 @@ def placement(models) -> dict:
 
 def repack_note(models) -> str:
     """'weight repacking off: ...' when a loaded model runs without llama.cpp's repacked
-    weights, naming which when only one does; empty otherwise."""
+    weights, naming which when only one of the loaded two does; empty otherwise."""
     notes = {}
+    loaded = 0
     for role in ("target", "draft"):
         rp = getattr(getattr(models, role, None), "repack", None)
+        loaded += rp is not None
         if rp is not None and rp.note:
             notes.setdefault(rp.note, []).append(role)
-    if len(notes) == 1 and sum(len(r) for r in notes.values()) == 1:
+    if loaded > 1 and len(notes) == 1 and sum(len(r) for r in notes.values()) == 1:
         (note, (role,)), = notes.items()
         return f"{role}: {note}"
     return " · ".join(notes)

@@ -13,7 +13,8 @@ from ..store import provenance
 from ..engine.config import DecodeConfig
 from ..engine.prompt_store import DEFAULT_CACHE_RAM_MIB
 from ..errors import ConfigError, EasdError
-from ..engine.pair import open_models
+from ..engine.pair import check_pair_files, open_models
+from ..engine.runtime import Model
 from . import options as o
 from .common import err_console, friendly
 from .render import placement_line, repack_news
@@ -132,7 +133,11 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
         pair.verify_costs = verify_costs
         return pair
 
-    engine = Engine(load, parallel, queue,
+    def load_draft():
+        check_pair_files(spec.draft, spec.target)
+        return Model(spec.draft, dopts)
+
+    engine = Engine(load, parallel, queue, load_draft=load_draft if spec.draft is not None else None,
                     on_load_failed=on_load_failed, on_loaded=on_loaded, cache_prompt=cache_prompt,
                     slot_similarity=slot_similarity, cache_ram=cache_ram << 20)
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,

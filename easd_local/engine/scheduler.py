@@ -105,6 +105,29 @@ class Failed:
 Event = TokenEvent | Finished | Failed
 
 
+def admit(pair: Pair, req: Request):
+    """(the model whose tokens ``req`` emits, its drafter or None, the context it has) for a
+    request the pair can run; ConfigError / ContextOverflowError naming what is wrong."""
+    cfg = req.cfg
+    cfg.validate()
+    mode, info = cfg.mode, cfg.mode_info
+    if cfg.needs_draft_model and pair.draft is None:
+        uses = "" if info.needs_draft else f" with --spec-type {cfg.spec_type}"
+        raise ConfigError(f"mode {mode}{uses} needs a draft model (give --draft or a --pair)")
+    if info.needs_target and pair.target is None:
+        raise ConfigError(f"mode {mode} needs a target model (give --target or a --pair)")
+    if len(req.prompt) == 0:
+        raise ConfigError("empty prompt")
+    main = pair.target if info.needs_target else pair.draft
+    drafter = pair.drafter(cfg.drafters) if cfg.drafters else None
+    used = [main] + ([drafter.model] if drafter is not None and drafter.model is not None else [])
+    n_ctx = min(m.n_ctx for m in used)
+    if not fits_context(len(req.prompt), n_ctx):
+        raise ContextOverflowError(
+            f"prompt is {len(req.prompt)} tokens but the context holds {n_ctx}; shorten it or raise --ctx")
+    return main, drafter, n_ctx
+
+
 # ---------------------------------------------------------------------------- scheduler
 
 
@@ -133,8 +156,7 @@ class Scheduler:
         self.pair = pair
         self.n_parallel = n_parallel
         self.target = pair.target
-        self.models = pair.models
-        V = pair.n_vocab or min(m.n_vocab for m in self.models)
+        V = pair.n_vocab or min(m.n_vocab for m in pair.models)
         self.V = V
         self._slots: list[_Seq | None] = [None] * n_parallel
         self.slot_similarity = slot_similarity
@@ -145,6 +167,10 @@ class Scheduler:
         self._new: list[_Seq] = []
         self._next_rid = 0
         self.store = PromptStore(cache_ram) if cache_ram > 0 else None  # bytes; 0: no host-memory cache
+
+    @property
+    def models(self) -> tuple[Model, ...]:
+        return self.pair.models  # read each time: a draft model may be loaded after the start
 
     # ------------------------------------------------------------------ admission
     def free_slots(self) -> int:
@@ -157,25 +183,7 @@ class Scheduler:
     def submit(self, req: Request) -> int:
         """Admit ``req`` (it starts at the next step); return its request id. ConfigError /
         ContextOverflowError for a request that cannot run; RuntimeError when no slot is free."""
-        cfg = req.cfg
-        cfg.validate()
-        mode, info = cfg.mode, cfg.mode_info
-        target, draft = self.target, self.pair.draft
-        if cfg.needs_draft_model and draft is None:
-            uses = "" if info.needs_draft else f" with --spec-type {cfg.spec_type}"
-            raise ConfigError(f"mode {mode}{uses} needs a draft model (give --draft or a --pair)")
-        if info.needs_target and target is None:
-            raise ConfigError(f"mode {mode} needs a target model (give --target or a --pair)")
-        if len(req.prompt) == 0:
-            raise ConfigError("empty prompt")
-        main = target if info.needs_target else draft  # whose tokens the sequence emits
-        drafter = self.pair.drafter(cfg.drafters) if cfg.drafters else None
-        used = [main] + ([drafter.model] if drafter is not None and drafter.model is not None else [])
-        n_ctx = min(m.n_ctx for m in used)
-        if not fits_context(len(req.prompt), n_ctx):
-            raise ContextOverflowError(
-                f"prompt is {len(req.prompt)} tokens but the context holds {n_ctx}; shorten it or raise --ctx"
-            )
+        main, drafter, n_ctx = admit(self.pair, req)
         if None not in self._slots:
             raise RuntimeError(f"no free slot (all {self.n_parallel} are busy)")
         slot = self._pick_slot(req, main)

@@ -271,7 +271,8 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
             check_ready()
         except ApiError as e:
             return error_response(e)
-        return JSONResponse(webui.props(conf.model_name, conf.base, conf.thresholds_source, engine.pair, conf.webui))
+        return JSONResponse(webui.props(conf.model_name, conf.base, conf.thresholds_source, engine.pair, conf.webui,
+                                        draft_loadable=engine.draft_loadable))
 
     async def metrics(request: HttpRequest) -> Response:
         try:

@@ -31,6 +31,7 @@ from typing import Callable
 from ..engine.decoding import Finished, TokenEvent
 from ..errors import ConfigError, EasdError
 from ..engine.pair import Pair
+from ..engine.runtime import Model
 from ..engine.prompt_cache import DEFAULT_SIMILARITY
 from ..engine.scheduler import Failed, Request, Scheduler
 from .metrics import Metrics
@@ -73,8 +74,13 @@ class Engine:
     def __init__(self, load: Callable[[], Pair], n_parallel: int, queue_size: int,
                  metrics: Metrics | None = None, on_load_failed: Callable[[BaseException], None] | None = None,
                  on_loaded: Callable[[Pair], dict | None] | None = None, cache_prompt: bool = True,
-                 slot_similarity: float = DEFAULT_SIMILARITY, cache_ram: int = 0):
+                 slot_similarity: float = DEFAULT_SIMILARITY, cache_ram: int = 0,
+                 load_draft: Callable[[], "Model"] | None = None):
         self._load = load
+        # the draft model, loaded in the engine thread by the first request that needs it when
+        # the server's own way does not (a lookup, the target alone)
+        self._load_draft = load_draft
+        self.draft_loadable = load_draft is not None
         self.cache_prompt = cache_prompt
         self.slot_similarity = slot_similarity
         self.cache_ram = cache_ram  # bytes of host memory for prompts that left their slot (0: none)
@@ -215,6 +221,9 @@ class Engine:
                 self.metrics.waiting.set(len(self._waiting))
             try:
                 self._check_budget(job.request)
+                if job.request.cfg.needs_draft_model and self.pair.draft is None and self._load_draft is not None:
+                    self.pair.draft = self._load_draft()
+                    self.pair.n_vocab = sched.V = min(self.pair.n_vocab, self.pair.draft.n_vocab)
                 job.rid = sched.submit(job.request)
             except EasdError as e:
                 job.done = True

@@ -75,12 +75,14 @@ def page_routes() -> list[Route]:
     return [Route("/", index, methods=["GET"]), Route("/webui/{name:path}", asset, methods=["GET"])]
 
 
-def props(model_name: str, base: DecodeConfig, thresholds_source: str, pair: Pair, webui: bool) -> dict:
+def props(model_name: str, base: DecodeConfig, thresholds_source: str, pair: Pair, webui: bool,
+          draft_loadable: bool = False) -> dict:
     """The server's settings as the page (or any client) needs them, in requests' terms."""
     modes = []
     for name in MODES:
         m = MODE_TABLE[name]
-        if (needs_draft_model(name, base.spec_type) and pair.draft is None) or (m.needs_target and pair.target is None):
+        no_draft = pair.draft is None and not draft_loadable  # else loaded by the first request that needs it
+        if (needs_draft_model(name, base.spec_type) and no_draft) or (m.needs_target and pair.target is None):
             continue  # this server did not load the model the mode needs
         modes.append({"name": name, "lossless": m.lossless, "gated": m.gated, "speculative": m.speculative,
                       "note": not_lossless(name) or "lossless: the output is the target's own"})
