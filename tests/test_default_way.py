@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from easd_local.engine.ways import MARGIN, WAY_TABLE, WAYS, choose
 from easd_local.store import costs as store
 

@@ -11,7 +11,7 @@ from easd_local.engine import rules as R
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.drafters import lookup as L
 from easd_local.engine.drafters import policy as P
-from easd_local.engine.events import LOOKUP, BONUS, RESAMPLED, TARGET
+from easd_local.engine.events import LOOKUP, BONUS, RESAMPLED
 from easd_local.engine.gate import Gate
 from easd_local.engine.pair import Pair
 from easd_local.engine.runtime import LoadOptions, Model
@@ -36,7 +36,6 @@ def target(tiny_target):
 
 def _greedy(target, prompt, **kw):
     target.reset()
-    pair = Pair(draft=None, target=target, n_vocab=target.n_vocab)
     return decoding.generate_all(target, None, prompt, DecodeConfig(max_tokens=48, **kw), n_vocab=target.n_vocab)
 
 

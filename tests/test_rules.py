@@ -13,6 +13,7 @@ import pytest
 from easd_local.engine import gate as gate_module
 from easd_local.engine import rules as R
 from easd_local.engine.config import DecodeConfig
+from easd_local.engine.gate import Gate, Reading
 
 from fake_models import (  # tests/ is on sys.path (rootdir conftest), not a package
     chi2_stat,
@@ -137,6 +138,30 @@ def test_gate_thresholds_and_near_misses():
 
 
 # ------------------------------------------------------------------ sampling_probs
+
+
+def test_gate_value_decides_as_the_config_says():
+    """Whether a config's gate can fire, and what it decides, from its mode and thresholds."""
+    GATE = dict(tau_draft=0.5, tau_target=0.5, overlap=0.2)
+    rng = np.random.default_rng(0)
+    for mode in ("target", "draft", "sd", "easd", "easd-tf"):
+        for taus in (GATE, dict(tau_draft=math.inf), dict(overlap=1.5), {}):
+            cfg = DecodeConfig(mode=mode, **taus)
+            g = Gate.of(cfg)
+            assert g.can_fire == cfg.gate_enabled == (mode in ("easd", "easd-tf") and taus in (GATE, {}))
+            z = rng.normal(size=32).astype(np.float32)
+            assert math.isnan(g.screen(z)) != g.can_fire
+    g = Gate.of(DecodeConfig(mode="easd", **GATE))
+    for _ in range(50):
+        zd, zt = rng.normal(0, 2, (2, 64)).astype(np.float32)
+        full = g.read(zd, zt)
+        assert full == Reading(float(R.entropy(zd)), float(R.entropy(zt)),
+                               float(R.top_n_overlap(zd, zt, g.top_n)), full.open)
+        assert full.open == bool(R.gate(full.h_draft, full.h_target, full.overlap, 0.5, 0.5, 0.2))
+        lazy = g.read_lazily(zd, zt)
+        assert lazy.open == full.open and lazy.h_target == full.h_target
+        assert (lazy == full) == (full.h_target >= 0.5)  # below tau_target only H_t is computed
+        assert math.isnan(lazy.h_draft) == (full.h_target < 0.5)
 
 
 def test_sampling_probs_hand_computed():

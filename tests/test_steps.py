@@ -8,10 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from easd_local.engine import decoding, rules
+from easd_local.engine import decoding
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import BONUS, Stats, TokenEvent
-from easd_local.engine.gate import Gate, Reading
 from easd_local.engine.pair import load_pair
 from easd_local.engine.runtime import LoadOptions, Part
 from easd_local.engine.scheduler import Request, Scheduler
@@ -136,28 +135,6 @@ def test_a_drafter_is_an_object_the_step_does_not_know(pair, rows):
     assert origin in {e.origin for e in events}
     assert (fin.stats.draft_accepted if rows else fin.stats.lookup_accepted) == fin.stats.drafts_emitted
     assert fin.stats.verify_calls < 40  # several tokens per target call
-
-
-def test_gate_value_decides_as_the_config_says():
-    rng = np.random.default_rng(0)
-    for mode in ("target", "draft", "sd", "easd", "easd-tf"):
-        for taus in (GATE, dict(tau_draft=math.inf), dict(overlap=1.5), {}):
-            cfg = DecodeConfig(mode=mode, **taus)
-            g = Gate.of(cfg)
-            assert g.can_fire == cfg.gate_enabled == (mode in ("easd", "easd-tf") and taus in (GATE, {}))
-            z = rng.normal(size=32).astype(np.float32)
-            assert math.isnan(g.screen(z)) != g.can_fire
-    g = Gate.of(DecodeConfig(mode="easd", **GATE))
-    for _ in range(50):
-        zd, zt = rng.normal(0, 2, (2, 64)).astype(np.float32)
-        full = g.read(zd, zt)
-        assert full == Reading(float(rules.entropy(zd)), float(rules.entropy(zt)),
-                               float(rules.top_n_overlap(zd, zt, g.top_n)), full.open)
-        assert full.open == bool(rules.gate(full.h_draft, full.h_target, full.overlap, 0.5, 0.5, 0.2))
-        lazy = g.read_lazily(zd, zt)
-        assert lazy.open == full.open and lazy.h_target == full.h_target
-        assert (lazy == full) == (full.h_target >= 0.5)  # below tau_target only H_t is computed
-        assert math.isnan(lazy.h_draft) == (full.h_target < 0.5)
 
 
 def test_step_asks_then_emits(pair):

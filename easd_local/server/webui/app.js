@@ -12,7 +12,7 @@
     "easd": ["gate fire", "both models unsure and agreeing: the EASD gate fired, the target picked again without the draft's token"],
     "bonus": ["bonus", "all drafted tokens kept: the target's next token came free"],
     "draft-only": ["draft alone", "draft mode: the draft chose it, nothing checked it"],
-    "lookup": ["prompt lookup", "drafted by copying from the prompt (no draft model), accepted by the target's check"],
+    "lookup": ["prompt lookup", "drafted by looking up earlier text (the prompt, the reply so far; no draft model), accepted by the target's check"],
   };
   // which `timings` field counts each origin (draft-only has none: it is every token in draft mode)
   const COUNT_FIELD = { draft: "draft_n_accepted", target: "target_tokens", resampled: "sd_rejections",
@@ -280,7 +280,9 @@
     const m = modeRow(mode);
     const lossless = m.lossless ?? state.props.defaults.lossless;
     const dflt = mode === state.props.defaults.mode ? "" : ` (server default ${state.props.defaults.mode})`;
-    $("server-line").textContent = `${state.props.model} · mode ${mode} (${lossless ? "lossless" : "not lossless"})${dflt}` +
+    // sd drafts with the server's --spec-type (a prompt lookup needs no draft model); EASD with the draft model
+    const drafts = m.speculative && !m.gated && state.props.defaults.spec_type ? ` · drafts: ${state.props.defaults.spec_type}` : "";
+    $("server-line").textContent = `${state.props.model} · mode ${mode} (${lossless ? "lossless" : "not lossless"})${drafts}${dflt}` +
       ` · thresholds: ${state.props.defaults.thresholds_source}`;
   }
 
