@@ -244,7 +244,7 @@ def test_the_header_follows_the_mode_chosen(server, browser):
     line = lambda: d.find_element(By.ID, "server-line").text  # noqa: E731
     assert "mode easd (not lossless)" in line() and "server default" not in line()
     Select(d.find_element(By.ID, "set-mode")).select_by_value("sd")
-    assert "mode sd (lossless) (server default easd)" in line(), line()
+    assert "mode sd (lossless) · drafts: draft (server default easd)" in line(), line()
     Select(d.find_element(By.ID, "set-mode")).select_by_value("easd-tf")
     assert "mode easd-tf (not lossless)" in line(), line()
     d.find_element(By.ID, "reset-settings").click()
