@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -142,11 +143,19 @@ def run_llama(base: str, tokens: list[int], max_tokens: int) -> dict:
             "token_ids": out.get("tokens") or [], "text": out.get("content", ""), "stop": out.get("stop_type")}
 
 
-def llama_system_info(log_path: Path) -> str:
-    for line in log_path.read_text(errors="replace").splitlines():
-        if "system_info" in line or "system info" in line:
-            return line.strip()
-    return "(no system info line in llama-server's log)"
+def llama_system_info(exe: Path) -> str:
+    """llama-server's build and CPU features. The server prints its system info only at trace
+    verbosity, so the features come from its own libllama, read in a child process (this one
+    has llama-cpp-python's libllama loaded)."""
+    def run(cmd: list[str]) -> str:
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=60)
+        return " ".join((r.stdout + r.stderr).split())
+
+    version = run([str(exe), "--version"])
+    lib = exe.parent / "libllama.so"
+    features = run([sys.executable, "-c", "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); "
+                    "f = lib.llama_print_system_info; f.restype = ctypes.c_char_p; print(f().decode())", str(lib)])
+    return f"{version}; {features}"
 
 
 # ------------------------------------------------------------------------------ results
@@ -292,6 +301,34 @@ def _models(a, tmp: Path) -> tuple[Path | None, Path | None]:
     return bench_speed.default_pair()
 
 
+def start_servers(a, tmp: Path, stack: ExitStack, no_repack: bool) -> dict:
+    """One llama-server per configuration of LLAMA_CONFIGS, stopped when ``stack`` closes;
+    none when llama-server is not built and --no-build was given."""
+    tools = bench_speed.ensure_tools(a, ("llama-server",))
+    if tools is None:
+        return {}
+    servers = {}
+    for config in LLAMA_CONFIGS:
+        log(f"starting llama-server ({config}){' -nr' if no_repack else ''}")
+        srv = start_llama(tools["llama-server"], a.target, config, a, no_repack, tmp / f"llama-server-{config}.log")
+        stack.callback(srv.stop)
+        servers[config] = srv
+    log("llama-server: " + llama_system_info(tools["llama-server"]))
+    return servers
+
+
+def warm_up(pair, servers: dict, plan: list[tuple[str, str]], text: str, cfg_base) -> None:
+    # the first decode of each model and server pays for page faults and thread start-up;
+    # a short unrecorded run of each method keeps that out of the first request's ratios
+    tokens = pair.target.vocab.tokenize(pair.target.vocab.apply_chat_template([{"role": "user", "content": text}]),
+                                        add_special=True, parse_special=True)
+    for system, method in plan:
+        if system == "ours":
+            run_ours(pair, tokens, method, cfg_base.replace(max_tokens=8))
+        else:
+            run_llama(servers[method].base, tokens, 8)
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     from easd_local.engine.config import DecodeConfig, needs_draft_model
@@ -331,18 +368,7 @@ def main(argv=None) -> int:
         log(f"target {a.target} ({'weight repacking off' if repack_off else 'weight repacking on'}, "
             f"{pair.target.repack.verdict})" + (f"; draft {a.draft}" if uses_draft else ""))
 
-        servers: dict[str, object] = {}
-        if not a.no_llama:
-            tools = bench_speed.ensure_tools(a, ("llama-server",))
-            if tools is not None:
-                for config in LLAMA_CONFIGS:
-                    lp = tmp / f"llama-server-{config}.log"
-                    log(f"starting llama-server ({config}){' -nr' if repack_off else ''}")
-                    srv = start_llama(tools["llama-server"], a.target, config, a, repack_off, lp)
-                    stack.callback(srv.stop)
-                    servers[config] = srv
-                log("llama-server: " + llama_system_info(next(iter(servers.values())).log_path))
-
+        servers = {} if a.no_llama else start_servers(a, tmp, stack, repack_off)
         cfg_base = DecodeConfig(mode="target", max_tokens=a.max_tokens, temperature=0.0)
         plan: list[tuple[str, str]] = []
         for m in a.methods:
@@ -352,15 +378,7 @@ def main(argv=None) -> int:
         plan += [("llama", c) for c in servers if c not in a.methods]
         order = [row_key(s, m) for s, m in plan]
         if any((q["id"], k) not in done for q in requests for k in order):
-            # the first decode of each model and server pays for page faults and thread start-up;
-            # a short unrecorded run of each method keeps that out of the first request's ratios
-            warm = pair.target.vocab.tokenize(pair.target.vocab.apply_chat_template(
-                [{"role": "user", "content": requests[0]["text"]}]), add_special=True, parse_special=True)
-            for system, method in plan:
-                if system == "ours":
-                    run_ours(pair, warm, method, cfg_base.replace(max_tokens=8))
-                else:
-                    run_llama(servers[method].base, warm, 8)
+            warm_up(pair, servers, plan, requests[0]["text"], cfg_base)
         t_start = time.perf_counter()
         for i, q in enumerate(requests):
             text = pair.target.vocab.apply_chat_template([{"role": "user", "content": q["text"]}])
@@ -387,7 +405,7 @@ def main(argv=None) -> int:
         print_tables([r for r in rows if r["request"] in {q["id"] for q in requests}], order, meta)
         load1 = os.getloadavg()
         print(f"\nwall {wall / 60:.1f} min; load average {load0[0]:.2f} at start, {load1[0]:.2f} at end "
-              f"(1-minute; 2 cores shared: figures are not final on a busy machine)")
+              f"(1-minute, {os.cpu_count()} CPUs: figures from a busy machine are not final)")
     return 0
 
 
