@@ -109,7 +109,9 @@ def run_ours(pair, tokens: list[int], method: str, cfg_base) -> dict:
     st = spec_type(method)
     cfg = cfg_base.replace(mode="target") if st is None else cfg_base.replace(mode="sd", spec_type=st)
     draft = pair.draft if cfg.needs_draft_model else None
-    fin, _events = generate_all(pair.target, draft, tokens, cfg, n_vocab=pair.n_vocab)
+    # the loaded pair's drafters, kept across requests as a server keeps them (ngram-mod's table,
+    # the lookups' acceptance counts), as llama-server's are over the run
+    fin, _events = generate_all(pair.target, draft, tokens, cfg, n_vocab=pair.n_vocab, pair=pair)
     s = fin.stats
     return {"tokens": s.tokens, "tok_s": s.tokens_per_s, "drafted": s.drafted,
             "accepted": s.draft_accepted + s.lookup_accepted, "seconds": s.seconds_total - s.seconds_prompt,
@@ -365,6 +367,12 @@ def main(argv=None) -> int:
                            extra_bufts=False if a.no_repack else None)
         pair = stack.enter_context(open_models(a.draft if uses_draft else None, a.target, opts))
         repack_off = not pair.target.repack.extra_bufts
+        from easd_local.store import costs as cost_store
+
+        rec = cost_store.find(cost_store.costs_key(a.draft, a.target, a.threads, 0, False if a.no_repack else None))
+        pair.verify_costs = rec.get("verify_costs") if rec else None
+        log("verify costs: " + (f"recorded by `easd-local pair costs` ({rec.get('date')})" if rec
+                                else "not recorded here: the lookups assume 1 + 0.29 k decodes"))
         log(f"target {a.target} ({'weight repacking off' if repack_off else 'weight repacking on'}, "
             f"{pair.target.repack.verdict})" + (f"; draft {a.draft}" if uses_draft else ""))
 
