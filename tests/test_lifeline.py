@@ -164,7 +164,7 @@ def test_serve_killed_with_sigkill_frees_its_port(tiny_draft, tiny_target, tmp_p
         _end(proc, [worker])
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_serve_ends_cleanly_on_sigterm_and_sigint(sig, tiny_draft, tiny_target, tmp_path):
     proc, worker, port, log = _serve(tiny_draft, tiny_target, tmp_path)
     try:
@@ -180,7 +180,7 @@ def test_serve_ends_cleanly_on_sigterm_and_sigint(sig, tiny_draft, tiny_target, 
 
 # ------------------------------------------------------------------ bench
 def _bench_args(tiny_draft, tiny_target, out: Path) -> list[str]:
-    return ["bench", "--dataset", "gsm8k", "--limit", "6", "--modes", "target,sd", "--draft", str(tiny_draft),
+    return ["bench", "--dataset", "gsm8k", "--limit", "10", "--modes", "target,sd", "--draft", str(tiny_draft),
             "--target", str(tiny_target), *FAST, "--out", str(out)]
 
 
@@ -188,7 +188,7 @@ def _rows(out: Path) -> int:
     return out.read_bytes().count(b"\n") if out.exists() else 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_bench_killed_mid_run_leaves_no_worker_and_resumes(sig, tiny_draft, tiny_target, tmp_path):
     from easd_local.bench.report import load_results
 
@@ -204,10 +204,11 @@ def test_bench_killed_mid_run_leaves_no_worker_and_resumes(sig, tiny_draft, tiny
             workers = workers or children(proc.pid)
             assert proc.poll() is None, proc.stderr.read().decode(errors="replace")
             time.sleep(0.005)
-        assert workers and _rows(out) < 12, "the run ended before it could be killed"
+        assert workers and _rows(out) < 20, "the run ended before it could be killed"
         proc.send_signal(sig)
         proc.wait(timeout=30)
         assert gone_within(workers, 5), f"a worker outlived {sig.name} of the supervisor"
+        assert _rows(out) < 20, "the worker finished the run instead of ending with its parent"
     finally:
         _end(proc, workers)
     err = proc.stderr.read().decode(errors="replace")
@@ -218,6 +219,6 @@ def test_bench_killed_mid_run_leaves_no_worker_and_resumes(sig, tiny_draft, tiny
     rows = load_results(out)
     assert rows.torn_lines == 0
     keys = [(r["qid"], r["method"]) for r in rows]
-    expected = {(f"gsm8k-test-{i:05d}", m) for i in range(6) for m in ("target", "sd")}
+    expected = {(f"gsm8k-test-{i:05d}", m) for i in range(10) for m in ("target", "sd")}
     assert set(keys) == expected and len(keys) == len(expected), keys  # every row, once
     assert "already there" in resumed.stderr
