@@ -28,10 +28,14 @@ FAST = ["--max-tokens", "12", "--ctx", "1024", "--threads", "1"]
 
 
 def children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+    """Every thread's children (chromedriver starts Chromium from another thread than its first)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
 
 
 def alive(pid: int) -> bool:
@@ -102,6 +106,38 @@ def test_a_child_dies_with_a_parent_killed_by_sigkill(kind):
         assert gone_within([child], 5), f"{kind}: child {child} outlived its parent"
     finally:
         _end(middle, [child])
+
+
+_BROWSER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from browser_helpers import chrome, find_browser
+d = chrome(*find_browser()[:2])
+d.get("data:text/html,<title>up</title>")
+print(d.service.process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_pages_browser_dies_with_the_tests():
+    """The chat page's tests drive chromedriver, which starts Chromium: both die with a test
+    run killed by SIGKILL (Chromium is tied to chromedriver, chromedriver to the run)."""
+    from browser_helpers import find_browser
+
+    browser, driver, why = find_browser()
+    if why:
+        pytest.skip(why)
+    middle = subprocess.Popen([sys.executable, "-c", _BROWSER, str(Path(__file__).parent)], stdout=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL)
+    driver_pid = int(middle.stdout.readline())
+    browsers = children(driver_pid)
+    try:
+        assert browsers, "chromedriver started no browser"
+        middle.send_signal(signal.SIGKILL)
+        middle.wait(timeout=10)
+        assert gone_within([driver_pid, *browsers], 5), "chromedriver or Chromium outlived the run"
+    finally:
+        _end(middle, [driver_pid, *browsers])
 
 
 def test_a_parent_already_gone_is_noticed():
