@@ -7,7 +7,8 @@ handle Ctrl-C themselves once they run; the ``except`` is the net under them.
 
 On POSIX the command runs in a child process under a small supervising parent
 (``supervise``), so that a crash inside llama.cpp ends in one line rather than a bare
-``Segmentation fault``.
+``Segmentation fault``. The child dies with that parent (``lifeline``): a supervisor killed
+with SIGKILL leaves no worker behind.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ def main() -> None:
 
     if supervise.wanted():
         sys.exit(supervise.run(sys.argv[1:]))
+    from .lifeline import die_with_parent
+
+    die_with_parent()  # before any work: the supervisor may already be gone
     supervise.child_ready()
     try:
         from .cli import main as cli_main

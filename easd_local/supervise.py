@@ -16,6 +16,9 @@ signals blocked and unblocks them once its own Ctrl-C handler is in place
 (``child_ready``), so a signal passed on during its start-up waits instead of landing in
 Python's own start-up as a traceback.
 
+A supervisor killed with SIGKILL passes nothing on: the child ties its life to the parent's
+itself, first thing (``lifeline.die_with_parent``, given this process's PID).
+
 What the child was doing when it died comes from ``crashnote``: the runtime writes there
 which model it is loading or decoding, on which device, with weight repacking on or off.
 
@@ -30,6 +33,7 @@ import sys
 import tempfile
 
 from .crashnote import NOTE_ENV
+from .lifeline import child_env
 
 SUPERVISED_ENV = "EASD_LOCAL_SUPERVISED"  # set in the child; "0" in the environment turns supervision off
 _PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -71,7 +75,7 @@ def run(argv: list[str]) -> int:
     """Run ``easd-local ARGV`` in a child and return the exit status to exit with."""
     fd, note_path = tempfile.mkstemp(prefix="easd-local-", suffix=".crashnote")
     os.close(fd)
-    env = {**os.environ, SUPERVISED_ENV: "1", NOTE_ENV: note_path}
+    env = {**child_env(), SUPERVISED_ENV: "1", NOTE_ENV: note_path}
     waited = set(_PASSED_ON) | {signal.SIGCHLD}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     try:

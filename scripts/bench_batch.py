@@ -33,6 +33,7 @@ from easd_local.engine.config import DecodeConfig  # noqa: E402
 from easd_local.engine.pair import load_pair  # noqa: E402
 from easd_local.engine.runtime import LoadOptions  # noqa: E402
 from easd_local.engine.scheduler import Failed, Request, Scheduler  # noqa: E402
+from easd_local.lifeline import preexec  # noqa: E402
 
 
 def default_pair() -> tuple[Path, Path, DecodeConfig]:
@@ -128,7 +129,7 @@ def main() -> int:
                "--modes", a.modes, "--prompts", str(a.prompts), "--max-tokens", str(a.max_tokens),
                "--ctx", str(a.ctx), "--gamma", str(a.gamma), "--tau-draft", str(a.tau_draft),
                "--tau-target", str(a.tau_target)] + (["--threads", str(a.threads)] if a.threads else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=preexec())  # ends with this script
         if proc.returncode != 0:
             print(proc.stderr, file=sys.stderr)
             return 1

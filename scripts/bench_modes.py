@@ -54,6 +54,8 @@ def repack_both(a, draft, target) -> int:
     """Repacking on and off in alternating child processes; tok/s: the median run of each."""
     import subprocess
 
+    from easd_local.lifeline import preexec
+
     base = [sys.executable, __file__, "--draft", str(draft), "--target", str(target), "--modes", a.modes,
             "--n-prompts", str(a.n_prompts), "--max-tokens", str(a.max_tokens), "--gamma", str(a.gamma), "--json"]
     base += [f for k in ("threads", "tau_draft", "tau_target") if getattr(a, k) is not None
@@ -62,7 +64,8 @@ def repack_both(a, draft, target) -> int:
     loads = []
     for _ in range(a.reps):
         for variant in ("on", "off"):
-            p = subprocess.run(base + ["--repack", variant], capture_output=True, text=True, check=True)
+            p = subprocess.run(base + ["--repack", variant], capture_output=True, text=True, check=True,
+                               preexec_fn=preexec())  # ends with this script
             runs[variant].append(json.loads(p.stdout.strip().splitlines()[-1]))
             loads.append(os.getloadavg()[0])
     first = runs["on"][0]

@@ -41,6 +41,7 @@ from easd_local.engine.config import DecodeConfig  # noqa: E402
 from easd_local.engine.pair import check_pair_files  # noqa: E402
 from easd_local.store.resolve import PairFiles, resolve_config  # noqa: E402
 from easd_local.engine.runtime import LoadOptions, Model  # noqa: E402
+from easd_local.lifeline import preexec  # noqa: E402
 
 
 def lo_bytes() -> int | None:
@@ -64,7 +65,7 @@ def start_server(threads: int) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([str(server), "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=preexec())  # dies with us
     for _ in range(300):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()

@@ -124,7 +124,10 @@ def _run_child(label: str, draft: str, target: str, args) -> dict:
            "--prompt-tokens", str(args.prompt_tokens), "--gpu-layers", str(args.gpu_layers)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from easd_local.lifeline import preexec
+
+    r = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=preexec())  # ends with this script
     if r.returncode != 0:
         tail = (r.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise SystemExit(f"bench_runtime: {label} pair failed: {tail}")

@@ -68,6 +68,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import bench_speed  # noqa: E402  (one build of llama.cpp's tools)
+sys.path.insert(0, str(ROOT))
+from easd_local.lifeline import preexec  # noqa: E402
 EXE = [sys.executable, "-c", "from easd_local.cli import main; main()"]
 
 
@@ -85,7 +87,9 @@ class Server:
 
     def __init__(self, cmd: list[str], log_path: Path, base: str | None = None):
         self._log = open(log_path, "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # tied to this script: a killed benchmark leaves no server holding the port
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     preexec_fn=preexec())
         self.log_path = log_path
         t_end = time.monotonic() + 600
         self.base = base

@@ -255,7 +255,7 @@ def parse_completion(text: str) -> dict:
 def _common_flags(args, prompt_file: Path) -> list[str]:
     return ["-f", str(prompt_file), "-n", str(args.max_tokens), "--temp", "0", "--seed", "0",
             "-t", str(args.threads), "-tb", str(args.threads), "-c", str(args.ctx),
-            "-fa", "on" if args.flash_attn else "off"]
+            "-fa", "on" if args.flash_attn else "off", *(["--no-repack"] if getattr(args, "no_repack", False) else [])]
 
 
 def native_target_cmd(tools, args, prompt_file: Path) -> list[str]:
@@ -276,8 +276,10 @@ MODES_RUN = (*NATIVE, "easd")  # the modes this script runs (easd is compared wi
 
 
 def run_native(cmd: list[str], parse, timeout: float) -> dict:
+    from easd_local.lifeline import preexec
+
     r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                       timeout=timeout)
+                       timeout=timeout, preexec_fn=preexec())  # a killed bench leaves no llama.cpp tool running
     text = r.stdout + "\n" + r.stderr
     if r.returncode != 0:
         tail = "\n".join(text.strip().splitlines()[-15:])
@@ -528,6 +530,13 @@ def main(argv=None) -> int:
         cfg_base, source = resolve_config(cfg_base, spec, {})
         notes.append(f"easd thresholds: tau_draft={cfg_base.tau_draft:g} tau_target={cfg_base.tau_target:g} "
                      f"({source})")
+        # llama.cpp's own tools skip the loader's self-test: where it turned repacking off (an AMX
+        # CPU whose kernels crash, llama.cpp #20824) they are told so too, and both sides run the
+        # same kernels
+        args.no_repack = not (models.target.repack.extra_bufts and models.draft.repack.extra_bufts)
+        if args.no_repack:
+            notes.append("llama.cpp's tools run with --no-repack, as ours: "
+                         + (models.target.repack.note or models.draft.repack.note))
         prompts: list[tuple[Path, list[int]]] = []
         for i, pb in enumerate(problems):
             text = models.target.vocab.apply_chat_template([{"role": "user", "content": pb.question}])

@@ -43,17 +43,49 @@ def find_browser() -> tuple[str | None, str | None, str]:
 
 
 def chrome(browser: str, driver: str, width: int = 1280, height: int = 900):
-    """A headless Chromium of this window size; its console log is kept (``get_log``)."""
+    """A headless Chromium of this window size; its console log is kept (``get_log``).
+
+    Both processes die with this one, however it ends (issue 45): chromedriver is tied to it,
+    and Chromium, which chromedriver starts, is tied to chromedriver by ``tied_browser``."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    from easd_local.lifeline import preexec
+
     opts = webdriver.ChromeOptions()
-    opts.binary_location = browser
+    opts.binary_location = tied_browser(browser)
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--no-first-run", "--disable-extensions", f"--window-size={width},{height}"):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=opts, service=Service(driver))
+    return webdriver.Chrome(options=opts, service=Service(driver, popen_kw={"preexec_fn": preexec()}))
+
+
+_TIE = """#!{python}
+# Chromium, tied to the chromedriver that starts it: a killed test run leaves no browser
+import os, sys
+sys.path.insert(0, {root!r})
+from easd_local.lifeline import die_with_parent
+die_with_parent(os.getppid())
+os.execv({browser!r}, [{browser!r}, *sys.argv[1:]])
+"""
+
+
+def tied_browser(browser: str) -> str:
+    """An executable that runs ``browser`` after tying it to its parent (chromedriver has no
+    option for that, and a Chromium whose chromedriver was killed runs on)."""
+    import atexit
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp(prefix="easd-local-browser-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = folder / "chromium"
+    path.write_text(_TIE.format(python=sys.executable, root=str(Path(__file__).resolve().parents[1]),
+                                browser=browser))
+    path.chmod(0o755)
+    return str(path)
 
 
 def wait(d, js: str, timeout: float = 60.0, what: str = ""):

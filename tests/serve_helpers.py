@@ -15,6 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from easd_local.lifeline import preexec
+
 EXE = [sys.executable, "-c", "from easd_local.cli import main; main()"]
 
 
@@ -26,7 +28,7 @@ class ServerProc:
         full_env = {k: v for k, v in full_env.items() if v is not None}  # None: unset it
         self.proc = subprocess.Popen(EXE + ["serve", "--port", "0", "--log-level", "warning", *args],
                                      stdout=self._f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=full_env)
+                                     env=full_env, preexec_fn=preexec())  # a killed suite leaves no server
         self.port = self._wait_port(timeout)
         self.base = f"http://127.0.0.1:{self.port}"
 

@@ -23,6 +23,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from easd_local.store.catalog import load_catalog, read_user_catalog  # noqa: E402
 from easd_local.cli import app  # noqa: E402
+from easd_local.engine import repack  # noqa: E402
 from easd_local.errors import PullError  # noqa: E402
 from easd_local.store.hub import HubRef, parse_hub_ref, pick_file  # noqa: E402
 
@@ -311,7 +312,19 @@ def test_check_load_says_where_layers_went(home, tiny_draft, tiny_target):
     lines = r.stdout.strip().splitlines()
     assert lines[1].startswith(f"backend {where['backend']} · target: model ")
     if not gpu_offload_supported():
-        assert lines[-2:] == ["target layers: 5/5 on CPU", "draft layers: 3/3 on CPU"]
+        assert lines[2:4] == ["target layers: 5/5 on CPU", "draft layers: 3/3 on CPU"], lines
+    # whatever this CPU's self-test said (issue 43): the verdict the loader applied, and its line
+    # last when repacking is off
+    for role, path in (("target", tiny_target), ("draft", tiny_draft)):
+        verdict = repack.decide(path, requested=None, threads=1, n_gpu_layers=0)
+        assert where[role]["repack"]["verdict"] == verdict.verdict
+        assert where[role]["repack"]["extra_bufts"] is verdict.extra_bufts
+    off = [role for role in ("target", "draft") if not where[role]["repack"]["extra_bufts"]]
+    if off:
+        assert where["repack_note"] and "weight repacking off" in where["repack_note"]
+        assert lines[-1] == where["repack_note"] and len(lines) == 5, lines
+    else:
+        assert where["repack_note"] is None and len(lines) == 4, lines
 
 
 @pytest.mark.parametrize("key", ["draft", "target", "target_q4", "odd"])

@@ -37,8 +37,9 @@ MEAN_ABS_TOL = 0.1
 
 @pytest.fixture
 def probing(easd_home, monkeypatch):
-    """The real self-test (the suite's default says 'passed' without running it)."""
+    """The real self-test, its verdicts kept in this test's own home (not the session's file)."""
     monkeypatch.delenv(repack.FORCE_ENV, raising=False)
+    monkeypatch.delenv(repack.VERDICTS_ENV, raising=False)
     return easd_home
 
 
@@ -86,6 +87,48 @@ def test_a_self_test_that_dies_by_a_signal_turns_repacking_off(probing, realisti
         m.decode(m.vocab.tokenize("one two three four five six", add_special=False))  # and it decodes
     with Model(realistic_models["target"], LoadOptions(n_ctx=256, n_threads=2)) as m:
         assert m.repack.cached and m.repack.verdict == "crash"  # remembered: no second crash
+
+
+# a self-test child that dies as an AMX Xeon's does (llama.cpp #20824) for models with Q8_0
+# weights, and runs the real self-test for the others
+_CRASH_ON_Q8_0 = """
+import json, os, signal, sys
+from easd_local.engine.gguf_info import read_gguf_info
+if "Q8_0" in read_gguf_info(sys.argv[1]).tensor_types:
+    print(json.dumps({"extra_buffers": ["AMX"]}), flush=True)
+    os.kill(os.getpid(), signal.SIGSEGV)
+os.execv(sys.executable, [sys.executable, "-m", "easd_local.engine.repack_child", *sys.argv[1:]])
+"""
+
+
+def test_the_suites_direct_loads_take_a_crash_verdict(tiny_models, tmp_path, monkeypatch):
+    """Issue 43: the suite's helper for llama-cpp-python's own Llama applies the verdict. With
+    a self-test child that dies by SIGSEGV for the tiny pair's Q8_0 models, they load and decode
+    with repacking off; before, the suite forced 'ok' and loaded them with it on."""
+    from direct_llama import load_llama
+
+    crasher = tmp_path / "crasher.py"
+    crasher.write_text(_CRASH_ON_Q8_0)
+    monkeypatch.setattr(repack, "CHILD", (sys.executable, str(crasher)))
+    monkeypatch.delenv(repack.FORCE_ENV, raising=False)
+    monkeypatch.setenv(repack.VERDICTS_ENV, str(tmp_path / "verdicts.json"))  # not the session's verdicts
+    for key in ("target", "draft"):
+        llm = load_llama(tiny_models[key], n_ctx=256, n_threads=1, logits_all=True, verbose=False)
+        assert llm.repack.verdict == "crash" and "AMX" in llm.repack.detail and "SIGSEGV" in llm.repack.detail
+        assert llm.model_params.use_extra_bufts is False  # what llama.cpp was given
+        toks = llm.tokenize(b"Once upon a time, there was a cat", add_bos=False)
+        llm.eval(toks)  # a multi-token batch: what the AMX kernels crash on
+        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        assert llm.n_tokens == len(toks) + 1 and np.isfinite(llm.scores[:llm.n_tokens]).all()
+    crashed = json.loads((tmp_path / "verdicts.json").read_text())
+    assert {v["verdict"] for v in crashed.values()} == {"crash"}
+    q4 = load_llama(tiny_models["target_q4"], n_ctx=256, n_threads=1, verbose=False)  # no Q8_0: the real self-test
+    assert q4.repack.verdict in ("ok", "crash") and not q4.repack.cached
+    assert q4.model_params.use_extra_bufts is (q4.repack.verdict == "ok")
+    # the project's own loader takes the same remembered verdict
+    with Model(tiny_models["target"], LoadOptions(n_ctx=256, n_threads=1)) as m:
+        assert m.repack.cached and m.repack.verdict == "crash" and not repack.extra_buffers(m.memory.model_buffers)
+        assert m.decode(m.vocab.tokenize("one two three four", add_special=False)).shape[-1] == m.n_vocab
 
 
 def _cli(args, home: Path, **env) -> subprocess.CompletedProcess:

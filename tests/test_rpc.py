@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from easd_local.engine import rpc
+from easd_local.lifeline import preexec
 from easd_local.errors import ConfigError
 
 CLI = [sys.executable, "-c", "from easd_local.cli import main; main()"]
@@ -48,7 +49,7 @@ def start_server(log: Path | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - the child holds it
     proc = subprocess.Popen([str(SERVER), "--host", "127.0.0.1", "--port", str(port), "--threads", "1"],
-                            stdout=out, stderr=subprocess.DEVNULL)
+                            stdout=out, stderr=subprocess.DEVNULL, preexec_fn=preexec())  # dies with the suite
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
+from direct_llama import load_llama  # noqa: E402  (after the skip: it imports llama_cpp)
 
 PROMPTS = [
     "The quick brown fox",
@@ -18,8 +19,7 @@ N_POS = 32
 
 
 def _load(path, logits_all=False):
-    return llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=256, n_threads=1,
-                           logits_all=logits_all, verbose=False)
+    return load_llama(path, n_ctx=256, n_batch=256, n_threads=1, logits_all=logits_all, verbose=False)
 
 
 def _entropy(logits: np.ndarray) -> np.ndarray:

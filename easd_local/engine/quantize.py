@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError, ModelLoadError
+from ..lifeline import child_env, die_with_parent
 from . import gguf_info
 from .gguf_file import check_gguf_file
 
@@ -120,7 +120,7 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, type_name: str, *,
 
 def _child_env() -> dict[str, str]:
     # the child imports this very package: the parent's sys.path decides where it is
-    env = dict(os.environ)
+    env = child_env()
     here = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([here, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)])
     return env
@@ -146,19 +146,6 @@ def _failure(tail: deque) -> str:
 # ------------------------------------------------------------------------ the child
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this child when its parent dies (a parent killed with
-    SIGKILL cannot end it otherwise); elsewhere nothing."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 def _quantize_here(src: str, out: str, ftype: int, allow_requantize: bool, n_threads: int) -> int:
     """The llama.cpp call itself (in the child): llama.cpp's return code."""
     import llama_cpp as _ll
@@ -174,7 +161,7 @@ def _quantize_here(src: str, out: str, ftype: int, allow_requantize: bool, n_thr
 
 
 def _child_main(argv: list[str]) -> int:
-    _die_with_parent()
+    die_with_parent()  # a parent killed with SIGKILL cannot kill this child itself
     src, out, ftype, allow, threads = argv
     # llama.cpp creates the file itself, with the umask's permissions like any other
     return 0 if _quantize_here(src, out, int(ftype), allow == "1", int(threads)) == 0 else 1

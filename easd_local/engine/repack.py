@@ -10,6 +10,10 @@ build, CPU and tensor types (``$EASD_LOCAL_HOME/repack-verdicts.json``), so it c
 load once. A model whose self-test crashed loads with ``use_extra_bufts = false``: the plain
 CPU kernels, slower (the README gives the figure) but alive.
 
+``EASD_LOCAL_REPACK_VERDICTS`` names another verdicts file, one that several homes share: the
+test suite makes a fresh home per test, and a self-test per model kind per home would cost
+minutes; with one file it costs one self-test per model kind per session, decided as here.
+
 ``EASD_LOCAL_REPACK_PROBE`` forces the answer: ``crash`` acts as if the self-test had crashed
 (the tests simulate an AMX machine this way), ``ok`` as if it had passed (no child runs).
 
@@ -30,11 +34,13 @@ from pathlib import Path
 
 from .. import paths
 from ..fsutil import write_json_atomic
+from ..lifeline import child_env
 from . import gguf_info
 from .cpu import cpu_flags, cpu_name
 
 FORCE_ENV = "EASD_LOCAL_REPACK_PROBE"
 VERDICTS_NAME = "repack-verdicts.json"
+VERDICTS_ENV = "EASD_LOCAL_REPACK_VERDICTS"  # a verdicts file shared by several homes
 PROBE_TIMEOUT_S = 600.0
 ISSUE = "llama.cpp #20824"
 CHILD = (sys.executable, "-m", "easd_local.engine.repack_child")  # the self-test's command, before its arguments
@@ -100,7 +106,7 @@ def decide(path: str | os.PathLike, *, requested: bool | None, threads: int, n_g
 def self_test(path: str | os.PathLike, *, threads: int, n_gpu_layers: int) -> Repack:
     """Load ``path`` with extra buffer types on in a child and decode; the child may crash."""
     cmd = [*CHILD, str(path), str(threads), str(n_gpu_layers)]
-    env = {k: v for k, v in os.environ.items() if k not in ("EASD_LOCAL_CRASH_NOTE",)}
+    env = {k: v for k, v in child_env().items() if k not in ("EASD_LOCAL_CRASH_NOTE",)}
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -140,7 +146,8 @@ def verdict_key(path: str | os.PathLike, n_gpu_layers: int) -> str:
 
 
 def verdicts_path() -> Path:
-    return paths.home() / VERDICTS_NAME
+    shared = os.environ.get(VERDICTS_ENV, "").strip()
+    return Path(shared).expanduser() if shared else paths.home() / VERDICTS_NAME
 
 
 def _load_verdicts() -> dict:

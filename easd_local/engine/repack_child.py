@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .repack import extra_buffers
-from .runtime import LoadOptions, Model
+from ..lifeline import die_with_parent
 
 # what the child decodes: a prefill, single-token steps and a verify-sized block, the shapes
 # every command takes
@@ -20,6 +19,9 @@ _PROBE_TEXT = ("The quick brown fox jumps over the lazy dog while twelve wizards
 
 
 def _child(argv: list[str]) -> int:
+    from .repack import extra_buffers
+    from .runtime import LoadOptions, Model
+
     path, threads, ngl = argv[0], int(argv[1]), int(argv[2])
     opts = LoadOptions(n_ctx=256, n_threads=threads, n_gpu_layers=ngl, extra_bufts=True)
     with Model(path, opts) as m:
@@ -36,4 +38,5 @@ def _child(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()  # before llama.cpp: a self-test outlives nothing that started it
     sys.exit(_child(sys.argv[1:]))
