@@ -47,7 +47,7 @@ def match(seq: list[int], idx: _SlotIndex) -> tuple[int, int]:
     n, L = idx.n, len(seq)
     if L <= n:
         return -1, 0
-    idx.grow(seq, L - 1)  # n-grams whose continuation is known, the current one excluded
+    idx.grow(seq, L)  # every n-gram whose next token is known: all but the current one
     e = idx.ends.get(tuple(seq[L - n:]))
     if e is None:
         return -1, 0
@@ -73,7 +73,7 @@ class LookupDrafter:
         return idx
 
     def begin(self, s: Seq) -> Generator[Ask, np.ndarray, None]:
-        self._index(s).grow(s.seq, len(s.seq) - 1)
+        self._index(s).grow(s.seq, len(s.seq))
         return
         yield
 
