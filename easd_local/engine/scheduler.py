@@ -34,9 +34,10 @@ Cache invariant (per sequence, see ``steps``): before a step the target's sequen
 ``seq[:-1]``; the draft's holds a prefix of ``seq``.
 
 Statistics per sequence are one ``events.Stats``. Times: ``seconds_draft``
-and ``seconds_target`` are the seconds spent inside the draft's / target's decodes while
-the sequence was active (batches are shared: at B > 1 they include work done for other
-sequences, which the sequence waited for); ``seconds_controller`` is the rest of its life.
+and ``seconds_target`` are the seconds spent inside the draft's / target's ``llama_decode``
+while the sequence was active (batches are shared: at B > 1 they include work done for other
+sequences, which the sequence waited for); ``seconds_controller`` is the rest of its life
+(the logits read out of llama.cpp included).
 
 Single-threaded: one thread calls ``submit``, ``cancel`` and ``step``.
 """
@@ -268,12 +269,14 @@ class Scheduler:
             waiting[s] = (step, model, part)
 
     def _decode(self, model: Model, parts: list[Part]) -> list[np.ndarray]:
-        """One batched decode, its seconds added to every active sequence's clock."""
-        t0 = time.perf_counter()
+        """One batched decode (rows lent: ``Model.lending_rows``), its seconds inside
+        ``llama_decode`` added to every active sequence's clock."""
+        t0 = model.seconds_decode
         try:
-            return model.decode_batch(parts)
+            with model.lending_rows():
+                return model.decode_batch(parts)
         finally:
-            dt = time.perf_counter() - t0
+            dt = model.seconds_decode - t0
             for s in self._slots:
                 if s is not None:
                     if model is self.draft:

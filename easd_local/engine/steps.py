@@ -69,8 +69,7 @@ class SpecStep(Step):
         n_max = max(0, min(s.cfg.gamma, s.ctx_limit - n_old - 1, s.budget))
         drafts, z_draft = yield from self.drafter.draft(s, n_max)
         z_target = yield self.target, Part(s.slot, [s.seq[-1], *drafts], range(len(drafts) + 1))
-        z_d = np.stack(z_draft) if drafts else np.empty((0, s.V), dtype=np.float32)
-        picks = rules.verify(drafts, z_d, z_target, s.cfg, s.gate, s.rng)
+        picks = rules.verify(drafts, z_draft, z_target, s.cfg, s.gate, s.rng)  # the rows, not stacked
         kept = s.accept(picks)
         s.stats.count_verify(len(drafts), [p.origin for p in picks], kept)
         # both caches back to the emitted prefix: the target keeps seq[:-1]
