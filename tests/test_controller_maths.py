@@ -189,3 +189,11 @@ def test_bench_controller_json_reports_every_mode(tmp_path):
         assert r["tokens"] > 0 and r["us_per_token"] > 0, mode
         assert set(r["split_us_per_token"]) == {"runtime", "rules", "gate", "scheduler"}, mode
         assert r["live_controller_us_per_token"] > 0, mode
+
+
+def test_gpu_check_says_no_gpu_without_one(tmp_path):
+    env = {**__import__("os").environ, "PATH": str(tmp_path)}  # no nvidia-smi on it
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py")], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout.startswith("no GPU:")
