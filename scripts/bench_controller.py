@@ -278,6 +278,7 @@ def main() -> int:
     try:
         for m in modes:
             out[m] = bench_mode(pair, replay, prompts, MODES[m], max_tokens, repeats)
+            print(f"{m}: {json.dumps(out[m])}", file=sys.stderr, flush=True)  # progress: a mode takes minutes
     finally:
         replay.uninstall()
     meta = {"pair": label, "n_vocab": pair.n_vocab, "n_prompts": len(prompts), "max_tokens": max_tokens,
