@@ -76,10 +76,13 @@ class Stats:
     catchup_calls: int = 0  # batched draft decodes of more than one pending token
     catchup_tokens: int = 0
     seconds_prompt: float = 0.0
-    seconds_draft: float = 0.0  # inside draft decodes, prompt included
-    seconds_target: float = 0.0  # inside target decodes, prompt included
+    seconds_draft: float = 0.0  # inside the draft's llama_decode calls, prompt included
+    seconds_target: float = 0.0  # inside the target's llama_decode calls, prompt included
     seconds_prompt_draft: float = 0.0  # the prompt's share of seconds_draft
     seconds_prompt_target: float = 0.0  # the prompt's share of seconds_target
+    # everything else of the generation's life, outside llama_decode: filling batches, reading
+    # the logits rows out of llama.cpp, the rules, the gate, the steps, the scheduler, the
+    # events (docs/controller.md)
     seconds_controller: float = 0.0
     seconds_total: float = 0.0
     ttft_s: float = 0.0

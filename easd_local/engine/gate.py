@@ -59,20 +59,52 @@ def entropy(logits):
     return h[0] if squeeze else h
 
 
+# top-N sets look for their candidates among the blocks of this many logits with the largest maxima
+_TOP_BLOCK = 1024
+
+
 def _top_n_sets(z: np.ndarray, n: int) -> np.ndarray:
-    """Indices (k, n) of the n largest entries per row (argpartition's set on ties)."""
-    V = z.shape[-1]
-    return z.argpartition(V - n, axis=-1)[:, V - n:]
+    """Indices (k, n) of the n largest entries per row, ties at the n-th value broken toward the
+    lower index (the set ``np.argsort(-z, kind="stable")[:, :n]`` holds, in index order).
+
+    Without sorting or partitioning the whole row: one pass takes the maximum of every block of
+    ``_TOP_BLOCK`` entries; every entry outside the blocks whose maximum is among the n largest
+    block maxima is below the n-th of those, while those blocks hold at least n entries at or
+    above it, so the top n lie in them (and in the short tail after the last whole block).
+    Among those few thousand candidates, in index order, one ``np.partition`` finds the n-th
+    value. ``n <= V``."""
+    k, V = z.shape
+    out = np.empty((k, n), dtype=np.intp)
+    nb = V // _TOP_BLOCK
+    blocks = nb > 2 * n
+    if blocks:
+        bmax = z[:, : nb * _TOP_BLOCK].reshape(k, nb, _TOP_BLOCK).max(axis=-1)
+        offsets = np.arange(_TOP_BLOCK)
+    for i in range(k):
+        row = z[i]
+        if blocks:
+            bm = bmax[i]
+            t = np.partition(bm, nb - n)[nb - n]  # the n-th largest block maximum
+            chosen = np.flatnonzero(bm >= t)
+            ids = np.concatenate([(chosen[:, None] * _TOP_BLOCK + offsets).ravel(), np.arange(nb * _TOP_BLOCK, V)])
+            vals = row[ids]
+        else:
+            ids, vals = None, row
+        m = vals.size
+        v = np.partition(vals, m - n)[m - n]  # the n-th largest value
+        above = np.flatnonzero(vals > v)
+        pick = np.concatenate([above, np.flatnonzero(vals == v)[: n - above.size]])
+        out[i] = pick if ids is None else ids[pick]
+    return out
 
 
 def top_n_overlap(z_draft, z_target, n: int):
     """``|TopN(z_d) ∩ TopN(z_t)| / n`` per row.
 
-    TopN is the set ``np.argpartition`` returns for the n largest logits; with ties at
-    the n-th value which of the tied tokens belong to the set is argpartition's choice
-    (deterministic for a given array, but unspecified). ``n`` larger than V is clamped
-    to V (every token is then in both sets, overlap 1). Returns ``(k,)`` float64 or a
-    scalar for 1-D input.
+    TopN is the set of the n largest logits; with ties at the n-th value the tied tokens of
+    lower id belong to it (``_top_n_sets``). ``n`` larger than V is clamped to V (every
+    token is then in both sets, overlap 1). Returns ``(k,)`` float64 or a scalar for 1-D
+    input.
     """
     zd, squeeze = _rows(z_draft)
     zt, _ = _rows(z_target)

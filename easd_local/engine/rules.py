@@ -65,6 +65,18 @@ __all__ = [
 # mass is the whole row sorted. The result is identical either way (up to tie order).
 _NUCLEUS_CANDIDATES = 1024
 
+# Plain sampling (no top-k, no top-p) gives probability 0 to the tokens whose tempered logit is
+# more than this many nats below the best one: each would have at most e^-30 (1e-13) of the
+# best token's probability, all of them together at most V * e^-30 (1.4e-8 at 152k tokens) of
+# the mass, below what a float32 probability resolves. Skipping them spares the exp of most of
+# a real vocabulary (at T = 0.7 typically 90 % of its logits lie that far below the best).
+_TAIL_NATS = 30.0
+
+# ``sample`` finds its token block by block: the float64 sums of blocks of this many
+# probabilities, then the cumulative sum inside the one block the draw falls in (for V up to
+# one block: the cumulative sum of the whole row, as it always was)
+_SAMPLE_BLOCK = 2048
+
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -140,6 +152,10 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
     z, squeeze = _rows(logits)
     k, V = z.shape
+    if not 0 < top_k < V and top_p >= 1.0:
+        out = np.stack([_tempered_softmax(row, temperature) for row in z]) if k != 1 else \
+            _tempered_softmax(z[0], temperature)[None, :]
+        return out[0] if squeeze else out
     rows = np.arange(k)[:, None]
     cand = None
     zc = z
@@ -157,6 +173,29 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
         out = np.zeros_like(z)
         out[rows, cand] = pc
     return out[0] if squeeze else out
+
+
+def _tempered_softmax(z: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(z / temperature) of one row (float32 or float64 as z), the tokens more than
+    ``_TAIL_NATS`` below the best (tempered) given exactly 0. The same operations as
+    ``_softmax(z / temperature)``, on the tokens kept: where none is dropped, the same bits."""
+    t = z.dtype.type(temperature)
+    top = z.max()
+    m = top / t  # = max(z / t): division by t > 0 keeps the order
+    keep = np.flatnonzero(z >= top - _TAIL_NATS * temperature) if z.size > _SAMPLE_BLOCK else None
+    if keep is None or keep.size == z.size:
+        e = z / t if temperature != 1.0 else z.copy()
+        e -= m
+        np.exp(e, out=e)
+        e *= (1.0 / e.sum(dtype=np.float64)).astype(e.dtype)
+        return e
+    e = z[keep] / t if temperature != 1.0 else z[keep]
+    e -= m
+    np.exp(e, out=e)
+    e *= (1.0 / e.sum(dtype=np.float64)).astype(e.dtype)
+    out = np.zeros_like(z)
+    out[keep] = e
+    return out
 
 
 # ------------------------------------------------------------------ token-level rules
@@ -216,10 +255,14 @@ def residual(p, q):
     law equal to p (what SD must emit) instead of dividing by zero.
     """
     p = np.asarray(p)
-    r = np.maximum(np.asarray(p) - np.asarray(q), 0)
+    r = np.subtract(p, q)  # the one full-vocabulary array: the rest is done in it
+    np.maximum(r, 0, out=r)
     s = r.sum(axis=-1, keepdims=True, dtype=np.float64)
     if p.ndim == 1:
-        return r / r.dtype.type(s[0]) if s[0] > 0 else p.copy()
+        if not s[0] > 0:
+            return p.copy()
+        r /= r.dtype.type(s[0])
+        return r
     return np.where(s > 0, r / np.where(s > 0, s, 1).astype(r.dtype), p)
 
 
@@ -273,15 +316,43 @@ def sample(probs, rng: np.random.Generator) -> int:
     not sum to exactly 1. ``searchsorted(..., side="right")`` never lands on a
     zero-probability token; a draw that rounds past the end is clipped to the last
     token with nonzero probability.
+
+    Above ``_SAMPLE_BLOCK`` tokens the cumulative sum is not written out whole (a float64
+    array of V, milliseconds at 152k tokens): the float64 sums of the blocks locate the
+    block the draw falls in, and the cumulative sum is taken inside that block only, from
+    the mass before it. The same token up to the rounding of the sums (1e-16 relative).
     """
-    cs = np.cumsum(probs, dtype=np.float64)
-    total = cs[-1]
+    p = np.asarray(probs)
+    V = p.shape[-1]
+    if V <= _SAMPLE_BLOCK:
+        cs = np.cumsum(p, dtype=np.float64)
+        total = cs[-1]
+        if not (total > 0) or not math.isfinite(total):
+            raise ValueError(f"cannot sample from a distribution with total mass {total}")
+        i = int(np.searchsorted(cs, rng.random() * total, side="right"))
+        if i >= cs.size:
+            i = int(np.flatnonzero(p > 0)[-1])
+        return i
+    B = _SAMPLE_BLOCK
+    full = V // B
+    sums = p[: full * B].reshape(full, B).sum(axis=-1, dtype=np.float64)
+    if full * B < V:
+        sums = np.append(sums, p[full * B:].sum(dtype=np.float64))
+    before = np.cumsum(sums)
+    total = before[-1]
     if not (total > 0) or not math.isfinite(total):
         raise ValueError(f"cannot sample from a distribution with total mass {total}")
-    i = int(np.searchsorted(cs, rng.random() * total, side="right"))
-    if i >= cs.size:
-        i = int(np.flatnonzero(np.asarray(probs) > 0)[-1])
-    return i
+    x = rng.random() * total
+    b = int(np.searchsorted(before, x, side="right"))  # the block whose mass holds x (never an empty one)
+    if b >= before.size:
+        return int(np.flatnonzero(p > 0)[-1])
+    block = p[b * B:(b + 1) * B]
+    cs = np.cumsum(block, dtype=np.float64)
+    cs += before[b - 1] if b else 0.0
+    i = int(np.searchsorted(cs, x, side="right"))
+    if i >= cs.size:  # x rounds past the block's own sum: its last token with mass
+        i = int(np.flatnonzero(block > 0)[-1])
+    return b * B + i
 
 
 # ------------------------------------------------------------------- one verify block
@@ -304,7 +375,7 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     fire is plain SD): the tokens it emits, in order.
 
     ``draft_tokens`` (g,), ``z_draft`` (g, V) the draft's raw logits at each drafted
-    position (in sampling mode draft token i must have been sampled from
+    position (or a list of g rows of V) (in sampling mode draft token i must have been sampled from
     ``sampling_probs(z_draft[i], cfg.temperature, cfg.top_k, cfg.top_p)``),
     ``z_target`` (g+1, V) the target's raw logits (row i scores draft token i's
     position, row g the position after the last draft). g may be 0 (bonus only).
@@ -346,40 +417,60 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     point = z_draft is None  # point-mass proposals (a lookup drafter)
     if point and gate_.can_fire:
         raise ValueError("the EASD gate needs the draft's distributions; a lookup proposal has none")
-    zd = None if point else np.asarray(z_draft).reshape(g, V) if g else np.zeros((0, V), dtype=zt.dtype)
+    if point:
+        zd = None
+    elif isinstance(z_draft, (list, tuple)):  # the drafter's rows, one array each: not stacked
+        if len(z_draft) != g:
+            raise ValueError(f"z_draft must have g = {g} rows, got {len(z_draft)}")
+        zd = [np.asarray(z).reshape(V) for z in z_draft]
+    else:
+        zd = np.asarray(z_draft).reshape(g, V) if g else np.zeros((0, V), dtype=zt.dtype)
 
     # The four outcomes of a position, greedy or sampled; the loop below is shared so that
-    # both follow the same order: test, then gate, then (at the end) the bonus.
+    # both follow the same order: test, then gate, then (at the end) the bonus. Each row's
+    # figures are computed when a position first needs them, so the rows after the first
+    # rejection (or gate) cost nothing.
     if cfg.greedy:
-        best = greedy(zt)
+        def best(i: int) -> int:
+            return int(zt[i].argmax())  # the first maximum, as greedy()
 
         def accepts(i: int, di: int) -> bool:
-            return di == int(best[i])
+            return di == best(i)
 
         def on_reject(i: int, di: int) -> int:
-            return int(best[i])
+            return best(i)
 
         def on_gate(i: int, di: int) -> int:
             return runner_up(zt[i], di)
 
         def on_bonus() -> int:
-            return int(best[g])
+            return best(g)
     else:
         T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
-        p = sampling_probs(zt, T, K, P)
-        q = sampling_probs(zd, T, K, P) if g and not point else None
+        p_rows: dict[int, np.ndarray] = {}
+        q_rows: dict[int, np.ndarray] = {}
+
+        def p(i: int) -> np.ndarray:
+            if i not in p_rows:
+                p_rows[i] = sampling_probs(zt[i], T, K, P)
+            return p_rows[i]
+
+        def q(i: int) -> np.ndarray:
+            if i not in q_rows:
+                q_rows[i] = sampling_probs(zd[i], T, K, P)
+            return q_rows[i]
 
         def accepts(i: int, di: int) -> bool:
-            return sd_accept(p[i, di], 1.0 if point else q[i, di], rng.random())
+            return sd_accept(p(i)[di], 1.0 if point else q(i)[di], rng.random())
 
         def on_reject(i: int, di: int) -> int:
-            return sample(residual_point(p[i], di) if point else residual(p[i], q[i]), rng)
+            return sample(residual_point(p(i), di) if point else residual(p(i), q(i)), rng)
 
         def on_gate(i: int, di: int) -> int:
-            return sample(penalize(p[i], di, cfg.penalty, fallback=lambda: sampling_probs(zt[i], T)), rng)
+            return sample(penalize(p(i), di, cfg.penalty, fallback=lambda: sampling_probs(zt[i], T)), rng)
 
         def on_bonus() -> int:
-            return sample(p[g], rng)
+            return sample(p(g), rng)
 
     picks: list[Pick] = []
     for i in range(g):

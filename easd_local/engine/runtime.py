@@ -25,6 +25,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -248,6 +250,10 @@ class Model(ModelFile):
     def __init__(self, path: str | os.PathLike, opts: LoadOptions = LoadOptions()):
         self._ctx = None
         self._batch = None
+        # seconds spent inside llama_decode, summed over this model's decodes: the model's own
+        # time; everything around it (filling the batch, reading the logits) is the caller's
+        self.seconds_decode = 0.0
+        self._lend = False  # see lending_rows
         self.n_seq = max(1, int(opts.n_seq))
         self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
@@ -417,10 +423,25 @@ class Model(ModelFile):
         self.rollback(start_pos, seq)
         return self.decode_batch([part])[0]
 
+    @contextmanager
+    def lending_rows(self):
+        """Within it, ``decode_batch`` lends its rows instead of copying them: each part's rows
+        are a numpy view over llama.cpp's own logits buffer (no copy out), valid until this
+        model's next decode, which overwrites them. Whoever keeps a row past that copies it;
+        nobody writes into one. The decoding loop (``scheduler``) decodes this way."""
+        was, self._lend = self._lend, True
+        try:
+            yield
+        finally:
+            self._lend = was
+
     def decode_batch(self, parts: Sequence[Part]) -> list[np.ndarray]:
         """Evaluate several sequences' tokens in one ``llama_decode`` (several when they
         exceed n_batch): each part's tokens are appended at the end of its sequence. Returns,
-        per part, its requested rows as one compact float32 array (len(logits_at), n_vocab).
+        per part, its requested rows as one compact float32 array (len(logits_at), n_vocab):
+        a copy, or inside ``lending_rows`` a view over llama.cpp's buffer when the batch is
+        one ``llama_decode`` (the rows of a longer one are copied all the same). Only the rows
+        asked for are computed and read; each is checked to be finite.
 
         At most one part per sequence. A failed decode leaves every sequence as it was."""
         if self._ctx is None:
@@ -437,7 +458,6 @@ class Model(ModelFile):
             start = len(self._seqs[p.seq])
             wants.append(_rows_wanted(p, start, self.n_ctx))
             starts.append(start)
-        outs = [np.empty((len(w), self.n_vocab), dtype=np.float32) for w in wants]
         crashnote.note(self._decode_note)
         # (part, token index, wanted row or -1) in batch order; a Ctrl-C that lands between
         # llama_decode returning and the bookkeeping below can leave cells the mirror does
@@ -449,23 +469,27 @@ class Model(ModelFile):
             self._seq_rm(p.seq, starts[k])
             row_of = {idx: r for r, idx in enumerate(want)}
             flat.extend((k, j, row_of.get(j, -1)) for j in range(len(p.tokens)))
+        lend = self._lend and len(flat) <= self.n_batch
+        outs = None if lend else [np.empty((len(w), self.n_vocab), dtype=np.float32) for w in wants]
         for c0 in range(0, len(flat), self.n_batch):
             outs_at = _fill_batch(self._batch, flat[c0 : c0 + self.n_batch], parts, starts)
+            t0 = time.perf_counter()
             rc = _ll.llama_decode(self._ctx, self._batch)
+            self.seconds_decode += time.perf_counter() - t0
             if rc != 0:
                 for k, p in enumerate(parts):  # every sequence as it was before this call
                     self._seq_rm(p.seq, starts[k])
                 _decode_failed(self.path.name, rc)
-            for j, k, row in outs_at:
-                ptr = _ll.llama_get_logits_ith(self._ctx, j)
-                if not ptr:
-                    raise RuntimeFailure(f"{self.path.name}: llama.cpp returned no logits for batch index {j}")
-                z = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-                if not np.isfinite(z).all():
-                    for kk, pp in enumerate(parts):  # every sequence as it was, as for a failed decode
-                        self._seq_rm(pp.seq, starts[kk])
-                    self._non_finite()
-                outs[k][row] = z
+            if lend:
+                outs = fresh = self._lent_rows(outs_at, wants)
+            else:
+                fresh = [self._logits_view(j, 1)[0] for j, _, _ in outs_at]
+                for (_, k, row), z in zip(outs_at, fresh):
+                    outs[k][row] = z
+            if not all(_all_finite(z) for z in fresh):
+                for k, p in enumerate(parts):  # every sequence as it was, as for a failed decode
+                    self._seq_rm(p.seq, starts[k])
+                self._non_finite()
         for p in parts:
             self._seqs[p.seq].extend(p.tokens)
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
@@ -478,6 +502,36 @@ class Model(ModelFile):
             f"{self.path}: the model produced NaN or infinite logits; its weights look corrupt "
             "(re-download or re-convert the file)"
         )
+
+    def _logits_view(self, j: int, n: int) -> np.ndarray:
+        """A (n, n_vocab) view over llama.cpp's logits of batch index j and the n - 1 output
+        rows after it (rows of one decode lie one after another in batch order)."""
+        ptr = _ll.llama_get_logits_ith(self._ctx, j)
+        if not ptr:
+            raise RuntimeFailure(f"{self.path.name}: llama.cpp returned no logits for batch index {j}")
+        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
+
+    def _lent_rows(self, outs_at: list[tuple[int, int, int]], wants: list[list[int]]) -> list[np.ndarray]:
+        """Each part's rows as one view over llama.cpp's buffer (``lending_rows``);
+        ``outs_at``: (batch index, part, row) of every row, in batch order."""
+        outs = [np.empty((0, self.n_vocab), dtype=np.float32) if not w else None for w in wants]
+        i = 0
+        while i < len(outs_at):
+            j0, k, _ = outs_at[i]
+            n = len(wants[k])  # the part's rows follow one another in the batch
+            z = self._logits_view(j0, n)
+            if n > 1 and ctypes.addressof(_ll.llama_get_logits_ith(self._ctx, outs_at[i + n - 1][0]).contents) != \
+                    z.ctypes.data + (n - 1) * z.strides[0]:  # not where expected: copy them one by one
+                z = np.stack([self._logits_view(j, 1)[0] for j, _, _ in outs_at[i:i + n]])
+            outs[k] = z
+            i += n
+        return outs
+
+
+def _all_finite(z: np.ndarray) -> bool:
+    """Whether ``z`` holds no NaN and no infinity: two vectorised reductions (a NaN makes both
+    NaN), cheaper than ``isfinite(z).all()`` and its boolean temporary."""
+    return not z.size or bool(np.isfinite(z.max()) and np.isfinite(z.min()))
 
 
 # --------------------------------------------------------------------------- batches

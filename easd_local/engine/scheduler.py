@@ -40,9 +40,10 @@ save a slot's cells and to tell the target's seconds from the rest: which drafte
 uses is ``Pair.drafter``'s answer for its ``DecodeConfig.drafters``.
 
 Statistics per sequence are one ``events.Stats``. Times: ``seconds_draft``
-and ``seconds_target`` are the seconds spent inside the draft's / target's decodes while
-the sequence was active (batches are shared: at B > 1 they include work done for other
-sequences, which the sequence waited for); ``seconds_controller`` is the rest of its life.
+and ``seconds_target`` are the seconds spent inside the draft's / target's ``llama_decode``
+while the sequence was active (batches are shared: at B > 1 they include work done for other
+sequences, which the sequence waited for); ``seconds_controller`` is the rest of its life
+(the logits read out of llama.cpp included).
 
 Single-threaded: one thread calls ``submit``, ``cancel`` and ``step``.
 """
@@ -287,12 +288,14 @@ class Scheduler:
             waiting[s] = (step, model, part)
 
     def _decode(self, model: Model, parts: list[Part]) -> list[np.ndarray]:
-        """One batched decode, its seconds added to every active sequence's clock."""
-        t0 = time.perf_counter()
+        """One batched decode (rows lent: ``Model.lending_rows``), its seconds inside
+        ``llama_decode`` added to every active sequence's clock."""
+        t0 = model.seconds_decode
         try:
-            return model.decode_batch(parts)
+            with model.lending_rows():
+                return model.decode_batch(parts)
         finally:
-            dt = time.perf_counter() - t0
+            dt = model.seconds_decode - t0
             target = model is self.target
             for s in self._slots:
                 if s is not None:

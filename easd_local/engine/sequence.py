@@ -104,6 +104,8 @@ class Seq:
         s.seconds_total = total
         s.seconds_draft = self.sec_draft
         s.seconds_target = self.sec_target
+        # sec_draft / sec_target hold llama_decode's own seconds (Model.seconds_decode), so the
+        # controller is everything else: the logits read out of llama.cpp included
         s.seconds_controller = max(0.0, total - self.sec_draft - self.sec_target)
         s.stop_reason = self.stop_reason
         return Finished(stats=s, text="".join(self.pieces), tokens=self.out_tokens, tail=tail)

@@ -69,11 +69,8 @@ class SpecStep(Step):
         prop: Proposal = yield from s.drafter.draft(s, n_max)
         drafts = prop.tokens
         z_target = yield s.main, Part(s.slot, [s.seq[-1], *drafts], range(len(drafts) + 1))
-        if prop.rows is None:
-            z_d = None  # point masses
-        else:
-            z_d = np.stack(prop.rows) if drafts else np.empty((0, s.V), dtype=np.float32)
-        picks = rules.verify(drafts, z_d, z_target, s.cfg, s.gate, s.rng)
+        # the drafter's rows as a list, not stacked; None: point masses (a lookup)
+        picks = rules.verify(drafts, prop.rows, z_target, s.cfg, s.gate, s.rng)
         if prop.origin != DRAFT:
             picks = [p._replace(origin=prop.origin) if p.origin == DRAFT else p for p in picks]
         kept = s.accept(picks)

@@ -63,7 +63,7 @@ class ModelDrafter:
                 break
             d = s.sample(z)
             tokens.append(d)
-            rows.append(z)
+            rows.append(z.copy())  # a lent row: the next round's decode overwrites it
             if d in s.eog:
                 break
             pending = [d]

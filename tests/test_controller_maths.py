@@ -1,0 +1,199 @@
+"""The controller's maths at the real vocabulary (issue 46): entropy, top-N sets, the plain
+sampling distribution, the residual and sampling computed the fast way equal the plain
+full-vocabulary way they replaced, to 1e-5, on rows 151,936 wide with extremes (-inf logits,
+one-hot rows, ties); and ``scripts/bench_controller.py --json`` reports every mode.
+
+The reference implementations below are the earlier code, kept here verbatim as the law.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from easd_local.engine import gate, rules
+
+V = 151_936
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ the earlier code
+def old_entropy(z):
+    z = np.atleast_2d(z)
+    d = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(d)
+    s = e.sum(axis=-1, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        np.multiply(e, d, out=d)
+    t = d.sum(axis=-1, dtype=np.float64)
+    for i in np.flatnonzero(np.isnan(t)):
+        zi = z[i] - z[i].max()
+        ei = np.exp(zi)
+        t[i] = np.multiply(ei, zi, out=np.zeros_like(ei), where=ei > 0).sum(dtype=np.float64)
+    return np.log(s) - t / s
+
+
+def old_softmax(z, T):
+    zt = z / z.dtype.type(T) if T != 1.0 else z
+    e = zt - zt.max(axis=-1, keepdims=True)
+    np.exp(e, out=e)
+    e *= (1.0 / e.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(e.dtype)
+    return e
+
+
+def old_residual(p, q):
+    r = np.maximum(p - q, 0)
+    s = r.sum(dtype=np.float64)
+    return r / r.dtype.type(s) if s > 0 else p.copy()
+
+
+def old_cdf(p):
+    cs = np.cumsum(p, dtype=np.float64)
+    return cs / cs[-1]
+
+
+def stable_top(z, n):
+    """The top-N set with ties broken toward the lower id (what ``_top_n_sets`` promises)."""
+    return np.sort(np.argsort(-z, axis=-1, kind="stable")[..., :n], axis=-1)
+
+
+# ------------------------------------------------------------------ rows
+def rows(seed: int = 0) -> np.ndarray:
+    """Real-vocabulary rows: LM-like (a bulk 20+ nats below a few leaders), Gaussian, with -inf
+    logits, one-hot (one finite logit), a flat row, and rows with ties at the top."""
+    rng = np.random.default_rng(seed)
+    out = []
+    lm = rng.normal(-3.0, 2.0, V).astype(np.float32)
+    lm[rng.integers(0, V, 40)] += rng.uniform(15, 24, 40).astype(np.float32)
+    out.append(lm)
+    out.append((rng.standard_normal(V) * 3).astype(np.float32))
+    masked = (rng.standard_normal(V) * 2).astype(np.float32)
+    masked[rng.random(V) < 0.3] = -np.inf
+    out.append(masked)
+    onehot = np.full(V, -np.inf, dtype=np.float32)
+    onehot[12345] = 3.0
+    out.append(onehot)
+    out.append(np.zeros(V, dtype=np.float32))  # every token tied
+    ties = np.round(rng.standard_normal(V) * 2).astype(np.float32)  # ties at every value
+    ties[[5, 70_000, 151_935]] = 9.0  # three tied leaders across blocks
+    out.append(ties)
+    peaked = rng.normal(-40.0, 3.0, V).astype(np.float32)
+    peaked[777] = 10.0
+    out.append(peaked)
+    return np.stack(out)
+
+
+Z = rows()
+
+
+def test_entropy_matches_the_old_way():
+    h = gate.entropy(Z)
+    np.testing.assert_allclose(h, old_entropy(Z), rtol=0, atol=1e-5)
+    assert h[3] == 0.0 and abs(h[4] - math.log(V)) < 1e-5
+    for i, z in enumerate(Z):  # one row at a time: the same figure
+        assert abs(float(gate.entropy(z)) - h[i]) < 1e-9
+
+
+@pytest.mark.parametrize("n", [1, 5, 20])
+def test_top_n_sets_match_a_full_sort(n):
+    got = np.sort(gate.top_n_sets(Z, n), axis=-1)
+    np.testing.assert_array_equal(got, stable_top(Z, n))
+    # rows without ties at the n-th value: the set argpartition gave before
+    for i in (0, 1, 2, 6):
+        old = np.sort(np.argpartition(Z[i], V - n)[V - n:])
+        np.testing.assert_array_equal(got[i], old)
+
+
+def test_overlap_matches_the_old_way_without_ties():
+    zd = Z[[0, 1, 2, 6]]
+    rng = np.random.default_rng(1)
+    zt = zd + rng.normal(0, 0.5, zd.shape).astype(np.float32)
+    n = 5
+    old = [len(set(np.argpartition(a, V - n)[V - n:]) & set(np.argpartition(b, V - n)[V - n:])) / n
+           for a, b in zip(zd, zt)]
+    np.testing.assert_allclose(gate.top_n_overlap(zd, zt, n), old)
+
+
+@pytest.mark.parametrize("T", [0.7, 1.0, 1.3])
+def test_plain_sampling_distribution_matches_the_old_way(T):
+    for z in Z:
+        got = rules.sampling_probs(z, T)
+        ref = old_softmax(z[None, :], T)[0]
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
+        assert abs(got.sum(dtype=np.float64) - 1) < 1e-5 and got.dtype == np.float32
+    # a row with every token within reach is computed by the very same operations
+    z = (np.random.default_rng(2).standard_normal(V)).astype(np.float32)
+    np.testing.assert_array_equal(rules.sampling_probs(z, 0.8), old_softmax(z[None, :], 0.8)[0])
+
+
+def test_residual_matches_the_old_way():
+    p = rules.sampling_probs(Z, 0.7)
+    q = rules.sampling_probs(np.roll(Z, 1, axis=0), 0.7)
+    for a, b in zip(p, q):
+        np.testing.assert_allclose(rules.residual(a, b), old_residual(a, b), rtol=0, atol=1e-5)
+    same = rules.residual(p[0], p[0])  # no positive part: p itself
+    np.testing.assert_array_equal(same, p[0])
+
+
+def test_blockwise_sampling_picks_the_token_of_the_full_cumulative_sum():
+    p = rules.sampling_probs(Z, 0.7)
+    for row in p:
+        cdf = old_cdf(row)
+        for seed in range(20):
+            u = np.random.default_rng(seed).random()
+            want = int(np.searchsorted(cdf, u, side="right"))
+            got = rules.sample(row, np.random.default_rng(seed))
+            assert row[got] > 0
+            # the same token, or a neighbour across a boundary within rounding of the sums
+            assert got == want or abs(cdf[min(got, want)] - u) < 1e-12, (got, want)
+    onehot = np.zeros(V, dtype=np.float32)
+    onehot[V - 1] = 1.0
+    assert rules.sample(onehot, np.random.default_rng(0)) == V - 1
+    onehot[:] = 0
+    onehot[3] = 1.0
+    assert rules.sample(onehot, np.random.default_rng(0)) == 3
+
+
+def test_verify_reads_lists_of_rows_as_the_stacked_array():
+    from easd_local.engine.config import DecodeConfig
+
+    rng = np.random.default_rng(3)
+    zt = rng.normal(0, 2, (4, 4096)).astype(np.float32)
+    zd = (zt[:3] + rng.normal(0, 1, (3, 4096))).astype(np.float32)
+    drafts = [int(r.argmax()) for r in zd]
+    for cfg in (DecodeConfig(mode="easd", tau_draft=0.0, tau_target=0.0, overlap=0.0),
+                DecodeConfig(mode="sd", temperature=0.7, seed=4)):
+        g = rules.Gate.of(cfg)
+        a = rules.verify(drafts, zd, zt, cfg, g, np.random.default_rng(5))
+        b = rules.verify(drafts, list(zd), zt, cfg, g, np.random.default_rng(5))
+        assert a == b
+
+
+def test_bench_controller_json_reports_every_mode(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_controller.py"), "--n-prompts", "1", "--max-tokens", "12",
+         "--repeats", "1", "--json"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["n_vocab"] == 306 and data["pair"] == "tiny pair"
+    assert list(data["modes"]) == ["target", "sd", "sd-t0.7", "easd", "easd-tf", "sd:ngram-simple"]
+    for mode, r in data["modes"].items():
+        assert r["tokens"] > 0 and r["us_per_token"] > 0, mode
+        assert set(r["split_us_per_token"]) == {"runtime", "rules", "gate", "scheduler"}, mode
+        assert r["live_controller_us_per_token"] > 0, mode
+
+
+def test_gpu_check_says_no_gpu_without_one(tmp_path):
+    env = {**__import__("os").environ, "PATH": str(tmp_path)}  # no nvidia-smi on it
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check.py")], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 2, out.stderr
+    assert out.stdout.startswith("no GPU:")
