@@ -274,15 +274,10 @@ class Model(ModelFile):
         per_seq = padded_ctx(opts.n_ctx if opts.n_ctx > 0 else self.n_ctx_train)
         n_ctx = per_seq * self.n_seq
         need = self.kv_cache_bytes(n_ctx)
-        if opts.n_gpu_layers == 0 or not devices.gpu_offload_supported():  # on a GPU llama.cpp refuses it itself
-            avail = available_memory()
-            if avail is not None and need > avail:
-                self.close()
-                raise ModelLoadError(
-                    f"{self.path.name}: a KV cache for {self.n_seq} sequence{'s' if self.n_seq != 1 else ''} × "
-                    f"{per_seq} tokens needs {fmt_bytes(need)}, but only {fmt_bytes(avail)} of memory is free "
-                    "(lower --parallel or --ctx)"
-                )
+        short = _short_of_memory(self.path.name, opts, self.n_seq, per_seq, need)
+        if short is not None:
+            self.close()
+            raise ModelLoadError(short)
         cparams = _context_params(opts, n_ctx, self.n_seq)
         with deferred_interrupt():
             ctx = _ll.llama_init_from_model(model, cparams)
@@ -481,51 +476,66 @@ class Model(ModelFile):
                     self._seq_rm(p.seq, starts[k])
                 _decode_failed(self.path.name, rc)
             if lend:
-                outs = fresh = self._lent_rows(outs_at, wants)
+                outs = fresh = _lent_rows(self._ctx, self.path.name, self.n_vocab, outs_at, wants)
             else:
-                fresh = [self._logits_view(j, 1)[0] for j, _, _ in outs_at]
+                fresh = [_logits_view(self._ctx, self.path.name, self.n_vocab, j, 1)[0] for j, _, _ in outs_at]
                 for (_, k, row), z in zip(outs_at, fresh):
                     outs[k][row] = z
             if not all(_all_finite(z) for z in fresh):
                 for k, p in enumerate(parts):  # every sequence as it was, as for a failed decode
                     self._seq_rm(p.seq, starts[k])
-                self._non_finite()
+                _non_finite(self.path)
         for p in parts:
             self._seqs[p.seq].extend(p.tokens)
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
 
-    def _non_finite(self) -> None:
-        # Corrupt weights (flipped bytes, a broken quantization) give NaN or inf logits;
-        # sampling from them fails and greedy argmax silently emits token 0. Checked where
-        # every logits row leaves llama.cpp.
-        raise NonFiniteLogitsError(
-            f"{self.path}: the model produced NaN or infinite logits; its weights look corrupt "
-            "(re-download or re-convert the file)"
-        )
+def _non_finite(path) -> None:
+    # Corrupt weights (flipped bytes, a broken quantization) give NaN or inf logits;
+    # sampling from them fails and greedy argmax silently emits token 0. Checked where
+    # every logits row leaves llama.cpp.
+    raise NonFiniteLogitsError(
+        f"{path}: the model produced NaN or infinite logits; its weights look corrupt "
+        "(re-download or re-convert the file)"
+    )
 
-    def _logits_view(self, j: int, n: int) -> np.ndarray:
-        """A (n, n_vocab) view over llama.cpp's logits of batch index j and the n - 1 output
-        rows after it (rows of one decode lie one after another in batch order)."""
-        ptr = _ll.llama_get_logits_ith(self._ctx, j)
-        if not ptr:
-            raise RuntimeFailure(f"{self.path.name}: llama.cpp returned no logits for batch index {j}")
-        return np.ctypeslib.as_array(ptr, shape=(n, self.n_vocab))
 
-    def _lent_rows(self, outs_at: list[tuple[int, int, int]], wants: list[list[int]]) -> list[np.ndarray]:
-        """Each part's rows as one view over llama.cpp's buffer (``lending_rows``);
-        ``outs_at``: (batch index, part, row) of every row, in batch order."""
-        outs = [np.empty((0, self.n_vocab), dtype=np.float32) if not w else None for w in wants]
-        i = 0
-        while i < len(outs_at):
-            j0, k, _ = outs_at[i]
-            n = len(wants[k])  # the part's rows follow one another in the batch
-            z = self._logits_view(j0, n)
-            if n > 1 and ctypes.addressof(_ll.llama_get_logits_ith(self._ctx, outs_at[i + n - 1][0]).contents) != \
-                    z.ctypes.data + (n - 1) * z.strides[0]:  # not where expected: copy them one by one
-                z = np.stack([self._logits_view(j, 1)[0] for j, _, _ in outs_at[i:i + n]])
-            outs[k] = z
-            i += n
-        return outs
+def _logits_view(ctx, name: str, n_vocab: int, j: int, n: int) -> np.ndarray:
+    """A (n, n_vocab) view over llama.cpp's logits of batch index j and the n - 1 output
+    rows after it (rows of one decode lie one after another in batch order)."""
+    ptr = _ll.llama_get_logits_ith(ctx, j)
+    if not ptr:
+        raise RuntimeFailure(f"{name}: llama.cpp returned no logits for batch index {j}")
+    return np.ctypeslib.as_array(ptr, shape=(n, n_vocab))
+
+
+def _lent_rows(ctx, name: str, n_vocab: int, outs_at: list[tuple[int, int, int]],
+               wants: list[list[int]]) -> list[np.ndarray]:
+    """Each part's rows as one view over llama.cpp's buffer (``Model.lending_rows``);
+    ``outs_at``: (batch index, part, row) of every row, in batch order."""
+    outs = [np.empty((0, n_vocab), dtype=np.float32) if not w else None for w in wants]
+    i = 0
+    while i < len(outs_at):
+        j0, k, _ = outs_at[i]
+        n = len(wants[k])  # the part's rows follow one another in the batch
+        z = _logits_view(ctx, name, n_vocab, j0, n)
+        if n > 1 and ctypes.addressof(_ll.llama_get_logits_ith(ctx, outs_at[i + n - 1][0]).contents) != \
+                z.ctypes.data + (n - 1) * z.strides[0]:  # not where expected: copy them one by one
+            z = np.stack([_logits_view(ctx, name, n_vocab, j, 1)[0] for j, _, _ in outs_at[i:i + n]])
+        outs[k] = z
+        i += n
+    return outs
+
+
+def _short_of_memory(name: str, opts: LoadOptions, n_seq: int, per_seq: int, need: int) -> str | None:
+    """Why a KV cache of ``need`` bytes cannot fit in free memory, or None (on a GPU llama.cpp
+    refuses it itself)."""
+    if opts.n_gpu_layers != 0 and devices.gpu_offload_supported():
+        return None
+    avail = available_memory()
+    if avail is None or need <= avail:
+        return None
+    return (f"{name}: a KV cache for {n_seq} sequence{'s' if n_seq != 1 else ''} × {per_seq} tokens needs "
+            f"{fmt_bytes(need)}, but only {fmt_bytes(avail)} of memory is free (lower --parallel or --ctx)")
 
 
 def _all_finite(z: np.ndarray) -> bool:
