@@ -33,11 +33,11 @@ from . import figures
 from .store import profiles
 from .engine import rules
 from .engine.decoding import fits_context
-from .engine.runtime import Part
+from .llamacpp.runtime import Part
 from .errors import ConfigError
 from .jsonsafe import jsonl_lines
 from .fsutil import write_jsonl_atomic
-from .engine.text import check_text
+from .text import check_text
 
 PERCENTILES = (50, 75, 90, 95, 99)
 DEFAULT_DATASET = "gsm8k-train"

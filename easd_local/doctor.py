@@ -11,8 +11,8 @@ import shutil
 from dataclasses import dataclass, field
 
 from . import __version__, host, paths
-from .engine import devices, repack, rpc
-from .engine.cpu import cpu_name, has_amx
+from .llamacpp import devices, repack, rpc
+from .llamacpp.cpu import cpu_name, has_amx
 from .store.catalog import load_catalog, local_path
 from .store.provenance import git_state
 from .store.pull import check_cached

@@ -31,7 +31,7 @@ from easd_local.bench.datasets import load_dataset  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.engine.config import DecodeConfig  # noqa: E402
 from easd_local.engine.pair import load_pair  # noqa: E402
-from easd_local.engine.runtime import LoadOptions  # noqa: E402
+from easd_local.llamacpp.runtime import LoadOptions  # noqa: E402
 from easd_local.engine.scheduler import Failed, Request, Scheduler  # noqa: E402
 from easd_local.lifeline import preexec  # noqa: E402
 

@@ -54,7 +54,7 @@ from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.engine import decoding  # noqa: E402
 from easd_local.engine.config import DecodeConfig  # noqa: E402
 from easd_local.engine.pair import load_pair  # noqa: E402
-from easd_local.engine.runtime import LoadOptions  # noqa: E402
+from easd_local.llamacpp.runtime import LoadOptions  # noqa: E402
 
 # label -> the settings of that run (greedy unless said; default thresholds)
 MODES = {
@@ -171,7 +171,8 @@ class Split:
         setattr(owner, name, timed)
 
     def install(self) -> None:
-        from easd_local.engine import gate, rules, runtime, sequence
+        from easd_local.engine import gate, rules, sequence
+        from easd_local.llamacpp import runtime
         from easd_local.engine.drafters import model as drafter
 
         for name in ("decode_batch",):

@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     from easd_local.engine.config import DecodeConfig, needs_draft_model
     from easd_local.engine.pair import open_models
-    from easd_local.engine.runtime import LoadOptions
+    from easd_local.llamacpp.runtime import LoadOptions
 
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="easd-bench-lookup-")))

@@ -34,10 +34,10 @@ from easd_local.engine import decoding  # noqa: E402
 from easd_local.bench.datasets import load_dataset  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.engine.config import DecodeConfig  # noqa: E402
-from easd_local.engine.devices import system_info  # noqa: E402
+from easd_local.llamacpp.devices import system_info  # noqa: E402
 from easd_local.engine.decoding import Stats  # noqa: E402
 from easd_local.engine.pair import load_pair  # noqa: E402
-from easd_local.engine.runtime import LoadOptions  # noqa: E402
+from easd_local.llamacpp.runtime import LoadOptions  # noqa: E402
 
 
 def tiny_pair() -> tuple[Path, Path]:

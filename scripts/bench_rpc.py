@@ -40,7 +40,7 @@ from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.engine.config import DecodeConfig  # noqa: E402
 from easd_local.engine.pair import check_pair_files  # noqa: E402
 from easd_local.store.resolve import PairFiles, resolve_config  # noqa: E402
-from easd_local.engine.runtime import LoadOptions, Model  # noqa: E402
+from easd_local.llamacpp.runtime import LoadOptions, Model  # noqa: E402
 from easd_local.lifeline import preexec  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time easd_local.engine.runtime decodes and measure memory for a draft/target pair.
+"""Time easd_local.llamacpp.runtime decodes and measure memory for a draft/target pair.
 
 For each pair: load both models, then for each model and each batch size k (1, 2, 4, 8)
 time one ``decode`` of k tokens with logits at all k positions (what a verify step asks
@@ -62,7 +62,7 @@ def _prompt(model, n: int) -> list[int]:
 def measure_pair(draft: str, target: str, args) -> dict:
     """Runs in the child process: load, time, measure."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from easd_local.engine.runtime import LoadOptions, Model
+    from easd_local.llamacpp.runtime import LoadOptions, Model
 
     base = _rss()
     opts = LoadOptions(n_ctx=args.ctx, n_threads=args.threads, n_gpu_layers=args.gpu_layers, n_batch=512)

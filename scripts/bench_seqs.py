@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_speed import default_pair  # noqa: E402  (one lookup of the pulled default pair)
 
-from easd_local.engine.runtime import LoadOptions, Model, Part  # noqa: E402
+from easd_local.llamacpp.runtime import LoadOptions, Model, Part  # noqa: E402
 
 
 def main() -> int:

@@ -505,7 +505,7 @@ def main(argv=None) -> int:
     from easd_local.bench.datasets import load_dataset
     from easd_local.engine.config import DecodeConfig
     from easd_local.engine.pair import load_pair
-    from easd_local.engine.runtime import LoadOptions
+    from easd_local.llamacpp.runtime import LoadOptions
 
     notes: list[str] = []
     needs_native = any(m in NATIVE for m in args.modes)

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_speed import default_build_root, find_source  # noqa: E402  (one way to get the sources)
 
-from easd_local.engine import rpc  # noqa: E402
+from easd_local.llamacpp import rpc  # noqa: E402
 
 DEFAULT_PORT = 50052  # llama.cpp rpc-server's default
 
@@ -48,7 +48,7 @@ def log(msg: str) -> None:
 
 def installed_libs() -> tuple[Path, Path, dict]:
     """(libggml-base, libggml, {ggml_version, ggml_commit}) of the installed llama-cpp-python."""
-    from easd_local.engine.devices import ggml_build, ggml_lib_paths
+    from easd_local.llamacpp.devices import ggml_build, ggml_lib_paths
 
     paths = ggml_lib_paths()
     if set(paths) != {"ggml", "ggml-base"}:

@@ -113,7 +113,7 @@ def run_ours(max_tokens: int, gamma: int, prompt_text: str) -> dict:
     from easd_local.engine import decoding
     from easd_local.engine.config import DecodeConfig
     from easd_local.engine.pair import load_pair
-    from easd_local.engine.runtime import LoadOptions
+    from easd_local.llamacpp.runtime import LoadOptions
     from easd_local.store.resolve import resolve_pair
 
     files = resolve_pair("default", None, None)

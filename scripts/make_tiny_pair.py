@@ -324,7 +324,7 @@ REAL_TYPES = {"target": "Q4_K_M", "draft": "Q5_0", "draft_q8": "Q8_0"}
 def write_realistic_models(out_dir: Path, seed: int = 0) -> dict[str, Path]:
     """Write the realistic-shape pair into ``out_dir``: keys ``target_f16`` and ``draft_f16``
     (the higher-precision sources), ``target`` (Q4_K_M), ``draft`` (Q5_0), ``draft_q8`` (Q8_0)."""
-    from easd_local.engine.quantize import quantize
+    from easd_local.llamacpp.quantize import quantize
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

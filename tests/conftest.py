@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from easd_local.engine import repack
+from easd_local.llamacpp import repack
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _SCRIPT = REPO_ROOT / "scripts" / "make_tiny_pair.py"
@@ -57,7 +57,7 @@ def _session_tiny_models() -> dict[str, Path]:
 @functools.cache
 def _tiny_verdicts() -> dict[str, repack.Repack]:
     """The tiny set's verdicts, decided (and so self-tested) once at the start of the session."""
-    from easd_local.engine.runtime import LoadOptions
+    from easd_local.llamacpp.runtime import LoadOptions
 
     ngl = LoadOptions().n_gpu_layers
     return {key: repack.decide(path, requested=None, threads=2, n_gpu_layers=ngl)
@@ -66,9 +66,9 @@ def _tiny_verdicts() -> dict[str, repack.Repack]:
 
 def repack_line() -> str:
     """The CPU's AMX and AVX flags and the weight-repacking verdicts the suite runs with."""
-    from easd_local.engine import gguf_info
-    from easd_local.engine.cpu import cpu_flags, cpu_name
-    from easd_local.engine.devices import system_info
+    from easd_local.llamacpp import gguf_info
+    from easd_local.llamacpp.cpu import cpu_flags, cpu_name
+    from easd_local.llamacpp.devices import system_info
 
     flags = cpu_flags()
     amx = " ".join(f for f in flags if f.startswith("amx")) or "none"
@@ -165,7 +165,7 @@ def easd_home(tmp_path, monkeypatch) -> Path:
 def pytest_report_header(config):
     """Say up front which weight-repacking path is tested, and whether the --rpc tests
     (tests/test_rpc.py) can run or will skip."""
-    from easd_local.engine import rpc
+    from easd_local.llamacpp import rpc
 
     folder = rpc.backend_dir()
     if (folder / rpc.SERVER_NAME).is_file() and (folder / rpc.LIB_NAME).is_file():

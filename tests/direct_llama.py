@@ -15,7 +15,7 @@ from pathlib import Path
 import llama_cpp
 import llama_cpp.llama_cpp as _ll
 
-from easd_local.engine import repack
+from easd_local.llamacpp import repack
 
 
 def load_llama(path: str | Path, **kw) -> llama_cpp.Llama:

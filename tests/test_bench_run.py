@@ -248,7 +248,7 @@ def test_parallel_rows_equal_one_at_a_time(tmp_path, tiny_draft, tiny_target):
 
 
 def test_parallel_that_does_not_fit_is_refused_in_one_line(tmp_path, tiny_draft, tiny_target, monkeypatch):
-    from easd_local.engine import runtime
+    from easd_local.llamacpp import runtime
 
     monkeypatch.setattr(runtime, "available_memory", lambda: 10_000)
     out = tmp_path / "r.jsonl"

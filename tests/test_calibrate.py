@@ -265,7 +265,7 @@ def test_collect_in_parallel_equals_one_at_a_time(tiny_draft, tiny_target):
     the figures are compared over each question's first 10 positions. A row handed to
     the wrong sequence differs by nats at once."""
     from easd_local.engine.pair import load_pair
-    from easd_local.engine.runtime import LoadOptions
+    from easd_local.llamacpp.runtime import LoadOptions
 
     texts = ["The quick brown fox", "Once upon a time there was", "In the beginning", "hello world, hello"]
     with load_pair(tiny_draft, tiny_target, LoadOptions(n_ctx=256, n_threads=1, n_seq=3)) as p:

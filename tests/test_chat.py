@@ -20,7 +20,7 @@ from easd_local.cli import app  # noqa: E402
 from easd_local.engine.decoding import TokenEvent  # noqa: E402
 from easd_local.errors import ContextOverflowError  # noqa: E402
 from easd_local.engine.pair import open_models  # noqa: E402
-from easd_local.engine.runtime import LoadOptions, Model  # noqa: E402
+from easd_local.llamacpp.runtime import LoadOptions, Model  # noqa: E402
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ def test_chat_two_turns_and_commands(tiny_draft, tiny_target, home, tmp_path):
     assert "mode" in kinds and "set" in kinds and "system" in kinds and "reset" in kinds
     replies = [row for row in rows if row["event"] == "assistant"]
     from easd_local.engine.ways import auto_mode
-    from easd_local.engine.devices import gpu_offload_supported
+    from easd_local.llamacpp.devices import gpu_offload_supported
 
     assert replies[0]["stats"]["mode"] == auto_mode(gpu_offload_supported(), True).mode
     assert replies[1]["stats"]["mode"] == "sd"
@@ -425,7 +425,7 @@ def test_banner_says_which_mode_was_chosen(tiny_draft, tiny_target, tmp_path, mo
                                  "--max-tokens", "4", "--threads", "1"], input="hi\n/about\n")
     assert r.exit_code == 0, r.output
     from easd_local.engine.ways import auto_mode
-    from easd_local.engine.devices import gpu_offload_supported
+    from easd_local.llamacpp.devices import gpu_offload_supported
 
     c = auto_mode(gpu_offload_supported(), True)
     mode, why = c.mode, c.why

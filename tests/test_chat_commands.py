@@ -16,7 +16,7 @@ from easd_local.chat.commands import COMMANDS, Command, CommandResult  # noqa: E
 from easd_local.cli import app  # noqa: E402
 from easd_local.cli.chat import KEYS  # noqa: E402
 from easd_local.engine.pair import open_models  # noqa: E402
-from easd_local.engine.runtime import LoadOptions  # noqa: E402
+from easd_local.llamacpp.runtime import LoadOptions  # noqa: E402
 
 
 @pytest.fixture

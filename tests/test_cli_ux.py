@@ -64,7 +64,7 @@ def test_generate_json_repeats_its_run(tiny_draft, tiny_target):
     # where the layers went, as llama.cpp's load log says it
     import gguf
 
-    from easd_local.engine.devices import gpu_offload_supported
+    from easd_local.llamacpp.devices import gpu_offload_supported
 
     where = obj["placement"]
     assert where["backend"] == obj["provenance"]["env"]["backend"].replace("+CPU", "")
@@ -84,7 +84,7 @@ def test_generate_json_repeats_its_run(tiny_draft, tiny_target):
 
 def test_same_rule_for_the_mode_in_generate_and_chat(tiny_draft, tiny_target):
     from easd_local.engine.ways import auto_mode
-    from easd_local.engine.devices import gpu_offload_supported
+    from easd_local.llamacpp.devices import gpu_offload_supported
 
     obj = _last_json(runner.invoke(app, ["generate", "hi", "-m", str(tiny_target), "-md", str(tiny_draft), "-n", "3",
                                          "-t", "1", "--json"]))
@@ -93,7 +93,7 @@ def test_same_rule_for_the_mode_in_generate_and_chat(tiny_draft, tiny_target):
 
 
 def test_chat_banner_lossless_note_and_transcript_path(tiny_draft, tiny_target, _home):
-    from easd_local.engine.devices import gpu_offload_supported
+    from easd_local.llamacpp.devices import gpu_offload_supported
 
     r = runner.invoke(app, ["chat", "-m", str(tiny_target), "-md", str(tiny_draft), "-t", "1", "-n", "4",
                             "--mode", "easd"], input="/about\nhi\n/mode sd\n/mode easd-tf\n/set mode easd\n/about\n")
@@ -142,7 +142,7 @@ def test_stats_wraps_between_words_on_a_terminal(monkeypatch):
 
 def test_memory_from_llama_cpp_buffer_lines():
     """The parser on the lines a CUDA build prints (no GPU needed to check the reading)."""
-    from easd_local.engine.llama_log import parse_buffers
+    from easd_local.llamacpp.llama_log import parse_buffers
 
     lines = ["load_tensors:        CUDA0 model buffer size =  1000.50 MiB",
              "load_tensors:   CPU_Mapped model buffer size =   100.00 MiB",

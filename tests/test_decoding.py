@@ -21,7 +21,7 @@ from easd_local.engine.decoding import BONUS, DRAFT, DRAFT_ONLY, EASD, RESAMPLED
 from easd_local.engine.events import LOOKUP
 from easd_local.errors import ConfigError, ContextOverflowError
 from easd_local.engine.pair import load_pair
-from easd_local.engine.runtime import LoadOptions
+from easd_local.llamacpp.runtime import LoadOptions
 
 TIE_TOL = 0.25  # logits
 PROMPTS = [

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from easd_local import host  # noqa: E402
-from easd_local.engine.devices import gpu_offload_supported  # noqa: E402
+from easd_local.llamacpp.devices import gpu_offload_supported  # noqa: E402
 from easd_local.engine.ways import auto_mode  # noqa: E402
 
 EASD = [sys.executable, "-m", "easd_local"]

@@ -73,7 +73,7 @@ def test_ctrl_c_while_llama_cpp_loads_is_raised_after_the_call(tiny_target, capf
     """llama.cpp logs through a Python callback while it loads; a KeyboardInterrupt raised
     in there would be printed as "Exception ignored" and lost. Loading again and again until
     a SIGINT lands, it must come out of Model() as a plain KeyboardInterrupt."""
-    from easd_local.engine.runtime import LoadOptions, Model
+    from easd_local.llamacpp.runtime import LoadOptions, Model
 
     for attempt in range(5):
         timer = threading.Timer(0.02 + 0.01 * attempt, os.kill, (os.getpid(), signal.SIGINT))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from easd_local.engine import decoding, runtime
+from easd_local.engine import decoding
+from easd_local.llamacpp import runtime
 from easd_local.engine import rules as R
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.drafters import lookup as L
@@ -14,7 +15,7 @@ from easd_local.engine.drafters import policy as P
 from easd_local.engine.events import LOOKUP, BONUS, RESAMPLED
 from easd_local.engine.gate import Gate
 from easd_local.engine.pair import Pair
-from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.llamacpp.runtime import LoadOptions, Model
 from easd_local.engine.scheduler import Request, Scheduler
 from easd_local.errors import ConfigError
 
@@ -207,3 +208,19 @@ def test_pair_score_lookup_prediction_replays_the_drafter_along_a_text():
     assert sim.tokens == len(code) and sim.accepted > 0.8 * len(code) and sim.speedup > 1.5
     fresh = simulate(list(range(100, 160)), list(range(200, 260)), P.AcceptanceBook(P.linear_costs(64, 0.29)))
     assert fresh.drafted == 0 and fresh.speedup == pytest.approx(1.0)  # nothing to look up: the target alone
+
+
+@pytest.mark.parametrize("spec_type", ["ngram-simple", "ngram-mod"])
+def test_a_pair_kept_across_generations_starts_each_sequence_afresh(target, spec_type):
+    """A chat or a benchmark keeps one pair (and its drafters) across generations, each with a
+    scheduler of its own whose request ids start again at 0: a long sequence's index must not
+    be read for the shorter one that follows it in the same slot."""
+    pair = Pair(draft=None, target=target, n_vocab=target.n_vocab)
+    cfg = DecodeConfig(mode="sd", spec_type=spec_type, max_tokens=24, spec_ngram_mod_n_match=2)
+    for text in (REPEATS[0] * 3, "one two one two", REPEATS[2]):
+        prompt = target.vocab.tokenize(text)
+        target.reset()
+        ref, _ = decoding.generate_all(target, None, prompt, cfg.replace(mode="target"), n_vocab=target.n_vocab)
+        target.reset()
+        fin, _ = decoding.generate_all(target, None, prompt, cfg, n_vocab=target.n_vocab, pair=pair)
+        assert fin.tokens == ref.tokens or why_parted(pair, prompt, cfg.replace(mode="target"), ref, [], fin, [])

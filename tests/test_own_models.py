@@ -23,7 +23,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from easd_local.store.catalog import load_catalog, read_user_catalog  # noqa: E402
 from easd_local.cli import app  # noqa: E402
-from easd_local.engine import repack  # noqa: E402
+from easd_local.llamacpp import repack  # noqa: E402
 from easd_local.errors import PullError  # noqa: E402
 from easd_local.store.hub import HubRef, parse_hub_ref, pick_file  # noqa: E402
 
@@ -283,7 +283,7 @@ def test_unknown_name_or_missing_file_is_one_line(home):
 
 
 def test_inspect_never_loads_llama_cpp(home, tiny_target, monkeypatch):
-    import easd_local.engine.runtime as rt
+    import easd_local.llamacpp.runtime as rt
 
     def no_load(*a, **kw):
         raise AssertionError("models inspect loaded the model in llama.cpp")
@@ -296,7 +296,7 @@ def test_inspect_never_loads_llama_cpp(home, tiny_target, monkeypatch):
 
 
 def test_check_load_says_where_layers_went(home, tiny_draft, tiny_target):
-    from easd_local.engine.devices import gpu_offload_supported
+    from easd_local.llamacpp.devices import gpu_offload_supported
 
     r = cli("models", "check", tiny_draft, tiny_target, "--load", "--json", "-c", "512")
     assert r.exit_code == 0, r.output
@@ -332,7 +332,7 @@ def test_header_reader_agrees_with_the_gguf_package(tiny_models, key):
     """Our header reader (fast on a 152k vocabulary) against gguf.GGUFReader (slow there)."""
     import gguf
 
-    from easd_local.engine.gguf_info import read_gguf_info
+    from easd_local.llamacpp.gguf_info import read_gguf_info
 
     path = tiny_models[key]
     ref = gguf.GGUFReader(str(path))

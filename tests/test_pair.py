@@ -12,7 +12,7 @@ from easd_local.engine.pair import (
     load_pair,
     open_models,
 )
-from easd_local.engine.runtime import LoadOptions, ModelFile
+from easd_local.llamacpp.runtime import LoadOptions, ModelFile
 
 pytest.importorskip("llama_cpp")
 

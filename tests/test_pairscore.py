@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from easd_local.bench.prompt import build_messages
 from easd_local.cli import app
-from easd_local.engine.runtime import LoadOptions, Model, Part
+from easd_local.llamacpp.runtime import LoadOptions, Model, Part
 from easd_local.pairscore import predict
 from easd_local.pairscore.corpus import read_dataset, tokenize
 

@@ -18,7 +18,7 @@ from easd_local.bench.parted import IDENTICAL, LENGTH, Parting, summarize
 from easd_local.bench.prompt import build_messages
 from easd_local.cli import app
 from easd_local.engine.near_ties import ARGMAX, REAL
-from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.llamacpp.runtime import LoadOptions, Model
 
 cli_runner = CliRunner()
 pytestmark = pytest.mark.usefixtures("easd_home")

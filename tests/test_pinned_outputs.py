@@ -27,9 +27,9 @@ import pytest
 from easd_local.engine import decoding
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import Finished, TokenEvent
-from easd_local.engine.devices import system_info
+from easd_local.llamacpp.devices import system_info
 from easd_local.engine.pair import load_pair
-from easd_local.engine.runtime import LoadOptions
+from easd_local.llamacpp.runtime import LoadOptions
 from easd_local.engine.scheduler import Request, Scheduler
 
 PINNED = Path(__file__).with_name("data") / "pinned_outputs.json"

@@ -12,7 +12,7 @@ import pytest
 from easd_local.engine.decoding import Finished, TokenEvent
 from easd_local.engine.pair import load_pair
 from easd_local.engine.prompt_cache import SlotView, pick_slot
-from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.llamacpp.runtime import LoadOptions, Model
 from easd_local.engine.scheduler import Request, Scheduler
 
 from test_decoding import check_stats

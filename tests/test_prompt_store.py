@@ -9,7 +9,7 @@ import pytest
 
 from easd_local.engine.pair import load_pair
 from easd_local.engine.prompt_store import PromptStore
-from easd_local.engine.runtime import LoadOptions
+from easd_local.llamacpp.runtime import LoadOptions
 from easd_local.engine.scheduler import Request, Scheduler
 
 from test_prompt_cache import Counting, run_one
@@ -34,7 +34,7 @@ def test_save_and_load_a_sequence_round_trip(pair):
     evaluated there (llama.cpp's numerics depend a little on what else the cache holds:
     0.18 logits here with the other sequence full or empty, so each is compared with the
     same cache around it)."""
-    from easd_local.engine.runtime import Part
+    from easd_local.llamacpp.runtime import Part
 
     _fresh(pair)
     t = pair.target
@@ -174,7 +174,7 @@ def test_store_unit_all_or_nothing():
 def test_a_state_llama_cpp_cannot_save_is_not_kept(pair, monkeypatch):
     """The store is an optimization: a save that fails leaves the request to run as without
     it (the history evaluated again), never fails it."""
-    from easd_local.engine.runtime import Model
+    from easd_local.llamacpp.runtime import Model
     from easd_local.errors import RuntimeFailure
 
     tok = pair.target.vocab.tokenize

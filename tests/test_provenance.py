@@ -15,7 +15,7 @@ from easd_local.store import filehash, provenance
 from easd_local.bench import runner as bench_runner
 from easd_local.bench.schema import row_env_id, row_model_sha, validate_row
 from easd_local.cli import app
-from easd_local.engine.runtime import LoadOptions
+from easd_local.llamacpp.runtime import LoadOptions
 
 cli_runner = CliRunner()
 FAST = ["--max-tokens", "8", "--ctx", "512"]

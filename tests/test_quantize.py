@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from easd_local import paths
 from easd_local.cli import app
-from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.llamacpp.runtime import LoadOptions, Model
 from easd_local.store.catalog import load_catalog
 from easd_local.store.quantized import quantized_name
 

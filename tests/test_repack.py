@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from easd_local.engine import devices, repack
-from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.llamacpp import devices, repack
+from easd_local.llamacpp.runtime import LoadOptions, Model
 
 EASD = [sys.executable, "-m", "easd_local"]  # the console script's own path: the supervising parent
 
@@ -93,11 +93,11 @@ def test_a_self_test_that_dies_by_a_signal_turns_repacking_off(probing, realisti
 # weights, and runs the real self-test for the others
 _CRASH_ON_Q8_0 = """
 import json, os, signal, sys
-from easd_local.engine.gguf_info import read_gguf_info
+from easd_local.llamacpp.gguf_info import read_gguf_info
 if "Q8_0" in read_gguf_info(sys.argv[1]).tensor_types:
     print(json.dumps({"extra_buffers": ["AMX"]}), flush=True)
     os.kill(os.getpid(), signal.SIGSEGV)
-os.execv(sys.executable, [sys.executable, "-m", "easd_local.engine.repack_child", *sys.argv[1:]])
+os.execv(sys.executable, [sys.executable, "-m", "easd_local.llamacpp.repack_child", *sys.argv[1:]])
 """
 
 
@@ -167,7 +167,7 @@ def test_no_repack_reaches_llama_cpp(realistic_models, probing):
 
 _LOGITS_CHILD = """
 import sys, numpy as np
-from easd_local.engine.runtime import LoadOptions, Model
+from easd_local.llamacpp.runtime import LoadOptions, Model
 path, extra, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
 with Model(path, LoadOptions(n_ctx=512, n_threads=2, extra_bufts=extra)) as m:
     toks = m.vocab.tokenize("The quick brown fox jumps over the lazy dog. " * 6, add_special=False)[:38]

@@ -18,7 +18,7 @@ from easd_local.chat import CHAT_DEFAULTS, ChatSession, TranscriptWriter
 from easd_local.cli import app
 from easd_local.errors import ConfigError, InvalidTextError
 from easd_local.engine.pair import open_models
-from easd_local.engine.runtime import LoadOptions, Model, ModelFile
+from easd_local.llamacpp.runtime import LoadOptions, Model, ModelFile
 
 runner = CliRunner()
 

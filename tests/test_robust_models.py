@@ -16,7 +16,7 @@ import gguf_mutate
 from easd_local.bench.report import load_results
 from easd_local.cli import app
 from easd_local.errors import NonFiniteLogitsError
-from easd_local.engine.runtime import LoadOptions, Model, ModelFile
+from easd_local.llamacpp.runtime import LoadOptions, Model, ModelFile
 
 runner = CliRunner()
 

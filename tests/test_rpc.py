@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from easd_local.engine import rpc
+from easd_local.llamacpp import rpc
 from easd_local.lifeline import preexec
 from easd_local.errors import ConfigError
 
@@ -96,7 +96,7 @@ def first_difference(a, b):
 
 def argmax_margin(target: Path, prompt_and_tokens: list[int]) -> float:
     """The local target's top-1 minus top-2 logit after this token sequence."""
-    from easd_local.engine.runtime import LoadOptions, Model
+    from easd_local.llamacpp.runtime import LoadOptions, Model
 
     with Model(target, LoadOptions(n_ctx=512, n_threads=1)) as m:
         row = m.decode(prompt_and_tokens)[0]
@@ -214,7 +214,7 @@ def test_target_through_rpc_equals_local(server, tmp_path, tiny_draft, tiny_targ
     i = first_difference(a, b)
     if i is not None:
         # the same CPU code computes both sides; only an argmax near-tie may part them
-        from easd_local.engine.runtime import ModelFile
+        from easd_local.llamacpp.runtime import ModelFile
 
         with ModelFile(tiny_target) as m:
             prompt = m.vocab.tokenize("Once upon a time", add_special=True, parse_special=False)

@@ -1,4 +1,4 @@
-"""easd_local.engine.runtime.Model on real llama.cpp, with the tiny GGUF models.
+"""easd_local.llamacpp.runtime.Model on real llama.cpp, with the tiny GGUF models.
 
 All models here run with one thread: the test machine is shared, and ggml's worker
 threads spin-wait on each other, so two threads on two busy cores can be 100x slower.
@@ -11,10 +11,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from easd_local.engine import runtime
+from easd_local.llamacpp import runtime
 from easd_local.errors import ContextOverflowError, RuntimeFailure
-from easd_local.engine.runtime import LoadOptions, Model, ModelFile
-from easd_local.engine.vocab import Detokenizer, Vocab
+from easd_local.llamacpp.runtime import LoadOptions, Model, ModelFile
+from easd_local.llamacpp.vocab import Detokenizer, Vocab
 
 pytest.importorskip("llama_cpp")
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from easd_local.engine import runtime
+from easd_local.llamacpp import runtime
 from easd_local.errors import ContextOverflowError, ModelLoadError
-from easd_local.engine.runtime import LoadOptions, Model, Part
+from easd_local.llamacpp.runtime import LoadOptions, Model, Part
 
 TEXTS = ["The quick brown fox jumps over the lazy dog and then", "Once upon a time there was a", "hello"]
 

@@ -22,7 +22,7 @@ from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import Finished, TokenEvent
 from easd_local.errors import ConfigError, ContextOverflowError
 from easd_local.engine.pair import load_pair
-from easd_local.engine.runtime import LoadOptions
+from easd_local.llamacpp.runtime import LoadOptions
 from easd_local.engine.scheduler import Failed, Request, Scheduler
 
 from test_decoding import check_stats

@@ -14,7 +14,7 @@ from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import generate_all
 from easd_local.engine.pair import load_pair
 from easd_local.store.filehash import hash_file
-from easd_local.engine.runtime import LoadOptions
+from easd_local.llamacpp.runtime import LoadOptions
 
 CTX = 1024
 MAX_BODY = 65536

@@ -15,7 +15,7 @@ from serve_helpers import EXE, http, start_tiny, stop_clean
 from easd_local.cli.serve import is_loopback, listen_socket
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.pair import open_models
-from easd_local.engine.runtime import LoadOptions
+from easd_local.llamacpp.runtime import LoadOptions
 from easd_local.server.app import ServeConfig, create_app
 from easd_local.server.engine import Engine
 

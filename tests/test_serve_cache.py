@@ -18,7 +18,7 @@ from serve_helpers import http, metric_values, openai_client, start_tiny, stop_c
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import generate_all
 from easd_local.engine.pair import load_pair
-from easd_local.engine.runtime import LoadOptions
+from easd_local.llamacpp.runtime import LoadOptions
 
 CTX = 2048
 ROOT = Path(__file__).resolve().parents[1]

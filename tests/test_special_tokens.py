@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from easd_local.bench.prompt import build_messages
 from easd_local.cli import app
-from easd_local.engine.runtime import ModelFile
-from easd_local.engine.vocab import Vocab
+from easd_local.llamacpp.runtime import ModelFile
+from easd_local.llamacpp.vocab import Vocab
 
 runner = CliRunner()
 

@@ -12,7 +12,7 @@ from easd_local.engine import decoding
 from easd_local.engine.config import DecodeConfig
 from easd_local.engine.decoding import BONUS, Stats, TokenEvent
 from easd_local.engine.pair import load_pair
-from easd_local.engine.runtime import LoadOptions, Part
+from easd_local.llamacpp.runtime import LoadOptions, Part
 from easd_local.engine.scheduler import Request, Scheduler
 from easd_local.engine.drafters import Counters, Proposal
 from easd_local.engine.events import DRAFT, LOOKUP

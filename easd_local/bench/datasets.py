@@ -22,7 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
 from ..jsonsafe import jsonl_lines
-from ..engine.text import check_text
+from ..text import check_text
 
 GRADERS = ("numeric", "math")
 

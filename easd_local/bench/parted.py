@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 
 from ..engine.near_ties import ARGMAX, ARGMAX_NEAR_TIE, REAL, first_difference
 from ..engine.pair import open_models
-from ..engine.runtime import LoadOptions
+from ..llamacpp.runtime import LoadOptions
 from ..errors import ConfigError
 from .prompt import build_messages
 from .report import latest_rows

@@ -32,7 +32,7 @@ from ..engine.config import DecodeConfig
 from ..errors import ConfigError
 from ..engine.near_ties import GateState, classify, topn_boundary_gap
 from ..engine.pair import open_models
-from ..engine.runtime import LoadOptions, Model
+from ..llamacpp.runtime import LoadOptions, Model
 from .prompt import build_messages
 from .schema import read_number, row_env, row_model_sha
 

@@ -49,7 +49,7 @@ from ..engine.near_ties import gate_margin
 from ..engine.pair import open_models
 from ..store.provenance import Environment
 from ..store.resolve import PairFiles, resolve_config, resolve_pair
-from ..engine.runtime import LoadOptions
+from ..llamacpp.runtime import LoadOptions
 from ..engine.scheduler import Failed, Request, Scheduler
 from .datasets import Problem
 from .grading import is_correct

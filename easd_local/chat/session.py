@@ -20,8 +20,8 @@ from typing import Callable, Iterator, Union
 from ..engine.config import RANDOM_SEED, DecodeConfig, apply_settings
 from ..engine.decoding import Finished, Stats, Stopper, TokenEvent, generate
 from ..engine.pair import Pair
-from ..engine.runtime import Model
-from ..engine.text import check_text
+from ..llamacpp.runtime import Model
+from ..text import check_text
 from ..errors import ConfigError, ContextOverflowError, EasdError
 from ..jsonsafe import jsonable
 from . import commands

@@ -30,7 +30,7 @@ from ..store import provenance
 from ..engine.config import MODES, DecodeConfig
 from .. import figures
 from ..errors import ConfigError
-from ..engine.runtime import fmt_bytes
+from ..llamacpp.runtime import fmt_bytes
 from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import DownloadUI

@@ -19,7 +19,7 @@ from ..chat.commands import synopsis
 from ..engine.config import DecodeConfig, not_lossless
 from ..errors import EasdError
 from ..engine.pair import check_pair_files, open_models
-from ..engine.runtime import Model
+from ..llamacpp.runtime import Model
 from . import options as o
 from .common import console, err_console, friendly
 from .progress import spinner, until_first

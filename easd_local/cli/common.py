@@ -34,7 +34,7 @@ def friendly(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from ..engine.devices import set_fatal_handler
+        from ..llamacpp.devices import set_fatal_handler
 
         set_fatal_handler(_fatal)
         raise_on_interrupt()  # the command handles Ctrl-C from here on

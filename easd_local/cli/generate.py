@@ -20,7 +20,7 @@ from ..engine.pair import open_models
 from . import options as o
 from .common import console, err_console, friendly
 from ..fsutil import write_jsonl_atomic
-from ..engine.text import check_text, decode_input
+from ..text import check_text, decode_input
 from .progress import spinner, until_first
 from .render import (LEGEND, ORIGIN_STYLE, placement, placement_line, repack_news, run_settings, status_line,
                      trace_rows)

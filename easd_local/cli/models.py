@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..store.catalog import add_user_pair, load_catalog
 from ..errors import ConfigError, PairError
-from ..engine.gguf_info import read_gguf_info
+from ..llamacpp.gguf_info import read_gguf_info
 from ..engine.pair import check_pair_files, open_models
 from ..store.resolve import catalog_model, resolve_model
 from ..units import SIZE_UNITS_NOTE, human_size

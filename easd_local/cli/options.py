@@ -18,10 +18,10 @@ from ..engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, FIELD_TYPES, 
 from .. import host
 from ..errors import ConfigError
 from ..engine.ways import auto_mode
-from ..engine.rpc import parse_endpoints, parse_tensor_split
-from ..engine.devices import gpu_offload_supported
+from ..llamacpp.rpc import parse_endpoints, parse_tensor_split
+from ..llamacpp.devices import gpu_offload_supported
 from ..engine.pair import check_pair_files
-from ..engine.runtime import LoadOptions
+from ..llamacpp.runtime import LoadOptions
 from ..store.resolve import PairFiles, resolve_config, resolve_pair
 
 

@@ -21,7 +21,7 @@ from .. import figures
 from ..bench.runner import DEFAULT_MAX_TOKENS
 from ..engine.config import DecodeConfig
 from ..engine.pair import check_pair_files
-from ..engine.runtime import Model
+from ..llamacpp.runtime import Model
 from ..errors import ConfigError
 from ..pairscore import corpus as corp
 from ..pairscore import passes, plot, summary, written

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ..engine.devices import system_info
+from ..llamacpp.devices import system_info
 from ..engine.pair import open_models
 from ..engine.ways import WAY_TABLE, choose
 from ..errors import ConfigError

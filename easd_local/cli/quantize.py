@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ..engine import quantize as q
+from ..llamacpp import quantize as q
 from ..errors import ConfigError
 from ..store import quantized
 from ..store.resolve import catalog_model, resolve_model

@@ -9,7 +9,7 @@ from ..engine.decoding import BONUS, DRAFT, EASD, RESAMPLED, TRACE_NAMES, Stats,
 from ..engine.events import LOOKUP
 from ..jsonsafe import json_number
 from ..engine.modes import mode_info
-from ..engine.devices import backends, system_info
+from ..llamacpp.devices import backends, system_info
 from ..units import human_size
 from .once import first_time
 

@@ -14,7 +14,7 @@ from ..engine.config import DecodeConfig
 from ..engine.prompt_store import DEFAULT_CACHE_RAM_MIB
 from ..errors import ConfigError, EasdError
 from ..engine.pair import check_pair_files, open_models
-from ..engine.runtime import Model
+from ..llamacpp.runtime import Model
 from . import options as o
 from .common import err_console, friendly
 from .render import placement_line, repack_news

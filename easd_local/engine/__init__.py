@@ -1,3 +1,4 @@
-"""The engine: llama.cpp (the runtime layer: runtime, vocab, llama_log and devices, the only
-modules that touch ctypes) and the maths of decoding: configs, modes, the gate, acceptance rules,
-the per-mode steps and the batched scheduler."""
+"""The decoding core: configs, the modes and the ways, the gate, the acceptance rules, the
+drafters, the per-mode steps and the batched scheduler. llama.cpp itself (loading, batched
+decodes, vocabularies, repacking, RPC, quantizing) is ``easd_local.llamacpp``, below it; the
+core never touches ctypes."""

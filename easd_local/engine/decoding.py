@@ -35,7 +35,7 @@ from .events import (BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET,
                      Stats, TokenEvent, acceptance_text, fits_context)
 from .config import DecodeConfig
 from .pair import Pair
-from .runtime import Model
+from ..llamacpp.runtime import Model
 from .scheduler import Failed, Request, Scheduler
 
 __all__ = ["BONUS", "DRAFT", "DRAFT_ONLY", "EASD", "ORIGINS", "RESAMPLED", "TARGET", "TRACE_NAMES", "TokenEvent",

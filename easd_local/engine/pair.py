@@ -15,7 +15,7 @@ from typing import Sequence
 from ..errors import PairError
 from . import drafters as _drafters
 from .drafters import Drafter
-from .runtime import LoadOptions, Model, ModelFile
+from ..llamacpp.runtime import LoadOptions, Model, ModelFile
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp: SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp: SPEC_VOCAB_CHECK_START_TOKEN_ID

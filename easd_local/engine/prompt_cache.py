@@ -24,18 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..llamacpp.runtime import common_prefix_len  # noqa: F401  (prompt_store reads it from here)
+
 DEFAULT_SIMILARITY = 0.1  # llama-server's --slot-prompt-similarity default
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
-    """Length of the longest common prefix of ``a`` and ``b``; the caller may vouch that the
-    first ``start`` items already agree."""
-    n = max(0, min(start, len(a), len(b)))
-    for i in range(n, min(len(a), len(b))):
-        if a[i] != b[i]:
-            return i
-        n = i + 1
-    return n
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ from .config import DecodeConfig
 from .events import Finished, TokenEvent, fits_context
 from ..errors import ConfigError, ContextOverflowError, EasdError, RuntimeFailure
 from .pair import Pair
-from .runtime import Model, Part
+from ..llamacpp.runtime import Model, Part
 from .sequence import Seq as _Seq  # one sequence's state (the name this module has always used)
 from .steps import STEPS, StepGen
 

@@ -15,8 +15,8 @@ from .config import DecodeConfig
 from .events import Finished, Stats, TokenEvent
 from .gate import Gate
 from .rules import Pick
-from .runtime import Model
-from .vocab import Detokenizer
+from ..llamacpp.runtime import Model
+from ..llamacpp.vocab import Detokenizer
 
 
 class RequestLike(Protocol):

@@ -23,7 +23,7 @@ from . import rules
 from .drafters import Ask, Proposal
 from .events import DRAFT, DRAFT_ONLY, TARGET
 from .rules import Pick
-from .runtime import Part
+from ..llamacpp.runtime import Part
 from .sequence import Seq
 
 StepGen = Generator[Ask, np.ndarray, None]

@@ -19,7 +19,7 @@ from ..bench.prompt import build_messages
 from ..bench.report import load_results
 from ..bench.schema import read_number, row_model_sha
 from ..engine.modes import MODE_TABLE
-from ..engine.text import decode_input
+from ..text import decode_input
 from ..errors import ConfigError
 
 FAITHFUL = "results"  # the corpus kinds

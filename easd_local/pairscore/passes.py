@@ -18,7 +18,7 @@ import numpy as np
 
 from ..calibrate import prefill
 from ..engine import rules
-from ..engine.runtime import Part
+from ..llamacpp.runtime import Part
 from .corpus import Item
 from .predict import Rows, TargetRows, position_rows
 

@@ -15,7 +15,7 @@ import time
 from typing import Sequence
 
 from ..calibrate import prefill
-from ..engine.runtime import Part
+from ..llamacpp.runtime import Part
 from .predict import GAMMAS, Costs
 
 

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 from ..engine.config import DecodeConfig
 from ..engine.decoding import generate_all
 from ..engine.pair import Pair
-from ..engine.runtime import Model
+from ..llamacpp.runtime import Model
 from ..engine.ways import WAYS, Way
 from .predict import Costs
 from .probe import probe

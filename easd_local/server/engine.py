@@ -31,7 +31,7 @@ from typing import Callable
 from ..engine.decoding import Finished, TokenEvent
 from ..errors import ConfigError, EasdError
 from ..engine.pair import Pair
-from ..engine.runtime import Model
+from ..llamacpp.runtime import Model
 from ..engine.prompt_cache import DEFAULT_SIMILARITY
 from ..engine.scheduler import Failed, Request, Scheduler
 from .metrics import Metrics

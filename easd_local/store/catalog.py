@@ -23,7 +23,7 @@ else:  # pragma: no cover
 from .. import paths
 from ..errors import ConfigError, ModelLoadError
 from . import filehash
-from ..engine.gguf_file import check_gguf_file
+from ..llamacpp.gguf_file import check_gguf_file
 
 ROLES = ("draft", "target")
 SOURCE_KINDS = ("hf", "pypi", "path")

@@ -25,8 +25,8 @@ def costs_key(draft: Path | None, target: Path, n_threads: int | None, n_gpu_lay
     """What the speeds depend on: the build and the CPU, the threads, offload and repacking,
     and the files (by name, size and modification time: a re-downloaded file is measured
     again)."""
-    from ..engine.cpu import cpu_flags, cpu_name
-    from ..engine.devices import ggml_build, gpu_offload_supported, system_info
+    from ..llamacpp.cpu import cpu_flags, cpu_name
+    from ..llamacpp.devices import ggml_build, gpu_offload_supported, system_info
 
     def file_part(p: Path | None) -> str:
         if p is None:

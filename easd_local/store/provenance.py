@@ -31,9 +31,9 @@ from typing import Any, Mapping
 
 from .. import __version__
 from . import filehash
-from ..engine.cpu import cpu_name
-from ..engine.devices import backends, gpu_offload_supported, system_info
-from ..engine.runtime import LoadOptions
+from ..llamacpp.cpu import cpu_name
+from ..llamacpp.devices import backends, gpu_offload_supported, system_info
+from ..llamacpp.runtime import LoadOptions
 
 UNKNOWN_ENV = "unknown"  # how reports name the environment of rows written before provenance
 

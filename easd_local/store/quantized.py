@@ -1,5 +1,5 @@
 """Models made here by quantizing another: written into the cache with llama.cpp's own
-quantizer (``engine.quantize``) and registered in the user catalog under a name built from
+quantizer (``llamacpp.quantize``) and registered in the user catalog under a name built from
 the source and the type, with the source's sha256 recorded, so that ``pair score``,
 ``bench --draft/--target`` and everything else that takes a model name can use them.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths
-from ..engine import quantize as q
+from ..llamacpp import quantize as q
 from ..errors import ConfigError
 from ..fsutil import short_of_space, try_lock
 from ..units import human_size

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ...errors import ConfigError
 from ..modes import DRAFTER_TABLE
-from ..runtime import Model
+from ...llamacpp.runtime import Model
 from .base import Ask, Consulting, Counters, Drafter, Proposal  # noqa: F401  (the package's interface)
 from .chain import ChainDrafter
 from .lookup import LookupDrafter

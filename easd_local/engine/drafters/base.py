@@ -14,7 +14,7 @@ from typing import Generator, Protocol
 
 import numpy as np
 
-from ..runtime import Model, Part
+from ...llamacpp.runtime import Model, Part
 from ..sequence import Seq
 
 # What a step or a drafter asks the scheduler for: one part of one model's next batch. The

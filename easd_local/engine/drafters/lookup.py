@@ -25,10 +25,12 @@ MAX_MATCH = 32  # a match is measured back this far at most (confidence saturate
 
 
 class _SlotIndex:
-    __slots__ = ("rid", "n", "ends", "indexed", "last_match")
+    __slots__ = ("owner", "n", "ends", "indexed", "last_match")
 
-    def __init__(self, rid: int, n: int) -> None:
-        self.rid, self.n = rid, n
+    def __init__(self, owner: object, n: int) -> None:
+        # the sequence it indexes: request ids restart with every scheduler, a slot's next
+        # sequence is another object
+        self.owner, self.n = owner, n
         self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> position just after its last occurrence
         self.indexed = 0  # n-grams ending before this position are in ``ends``
         self.last_match = 0
@@ -68,8 +70,8 @@ class LookupDrafter:
 
     def _index(self, s: Seq) -> _SlotIndex:
         idx = self._slots.get(s.slot)
-        if idx is None or idx.rid != s.rid or idx.n != s.cfg.spec_ngram_size_n:
-            idx = self._slots[s.slot] = _SlotIndex(s.rid, s.cfg.spec_ngram_size_n)
+        if idx is None or idx.owner is not s or idx.n != s.cfg.spec_ngram_size_n:
+            idx = self._slots[s.slot] = _SlotIndex(s, s.cfg.spec_ngram_size_n)
         return idx
 
     def begin(self, s: Seq) -> Generator[Ask, np.ndarray, None]:

@@ -14,7 +14,7 @@ from typing import Generator
 import numpy as np
 
 from ..events import DRAFT, Stats
-from ..runtime import Model, Part
+from ...llamacpp.runtime import Model, Part
 from ..sequence import Seq
 from .base import Ask, Counters, DraftGen, Proposal
 

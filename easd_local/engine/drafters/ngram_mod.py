@@ -28,20 +28,21 @@ class NgramModDrafter:
         self.book = book
         self.counters = Counters()
         self.table: dict[tuple[int, ...], int] = {}
-        self._seen: dict[int, tuple[int, int, int]] = {}  # slot -> (rid, n, tokens of it in the table)
-        self._chain: dict[int, int] = {}  # slot -> length of the table's chain before the last proposal
+        # slot -> (the sequence, n, how many of its tokens are in the table): request ids restart
+        # with every scheduler, a slot's next sequence is another object
+        self._seen: dict[int, tuple[object, int, int]] = {}
 
     def _learn(self, s: Seq, upto: int) -> int:
         n = s.cfg.spec_ngram_mod_n_match
-        rid, n_was, done = self._seen.get(s.slot, (-1, n, 0))
-        if rid != s.rid or n_was != n:
+        owner, n_was, done = self._seen.get(s.slot, (None, n, 0))
+        if owner is not s or n_was != n:
             done = 0
         if len(self.table) > MAX_ENTRIES:
             self.table.clear()
         seq, table = s.seq, self.table
         for e in range(max(n, done), upto):
             table[tuple(seq[e - n:e])] = seq[e]
-        self._seen[s.slot] = (s.rid, n, max(done, upto))
+        self._seen[s.slot] = (s, n, max(done, upto))
         return n
 
     def begin(self, s: Seq) -> Generator[Ask, np.ndarray, None]:

@@ -17,7 +17,7 @@ minutes; with one file it costs one self-test per model kind per session, decide
 ``EASD_LOCAL_REPACK_PROBE`` forces the answer: ``crash`` acts as if the self-test had crashed
 (the tests simulate an AMX machine this way), ``ok`` as if it had passed (no child runs).
 
-The self-test child is ``python -m easd_local.engine.repack_child MODEL.gguf THREADS NGL``.
+The self-test child is ``python -m easd_local.llamacpp.repack_child MODEL.gguf THREADS NGL``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ VERDICTS_NAME = "repack-verdicts.json"
 VERDICTS_ENV = "EASD_LOCAL_REPACK_VERDICTS"  # a verdicts file shared by several homes
 PROBE_TIMEOUT_S = 600.0
 ISSUE = "llama.cpp #20824"
-CHILD = (sys.executable, "-m", "easd_local.engine.repack_child")  # the self-test's command, before its arguments
+CHILD = (sys.executable, "-m", "easd_local.llamacpp.repack_child")  # the self-test's command, before its arguments
 _CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS)
 
 

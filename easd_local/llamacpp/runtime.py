@@ -44,9 +44,19 @@ from ..errors import ContextOverflowError, ModelLoadError, NonFiniteLogitsError,
 from ..interrupts import deferred_interrupt
 from . import devices, gguf_info, llama_log, repack
 from .gguf_file import check_gguf_file
-from .prompt_cache import common_prefix_len
 from .gguf_info import file_type_name
 from .vocab import Vocab
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``; the caller may vouch that the
+    first ``start`` items already agree."""
+    n = max(0, min(start, len(a), len(b)))
+    for i in range(n, min(len(a), len(b))):
+        if a[i] != b[i]:
+            return i
+        n = i + 1
+    return n
 
 
 # --------------------------------------------------------------------------- options/facts

@@ -20,7 +20,7 @@ import llama_cpp as _ll
 
 from ..errors import ChatTemplateError, RuntimeFailure
 from .template import compile_template, exception_line
-from .text import check_text
+from ..text import check_text
 
 _TYPE_NAMES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 

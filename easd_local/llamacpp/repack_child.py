@@ -2,7 +2,7 @@
 llama.cpp's extra buffer types on and decode the shapes every command takes; the parent
 reads its JSON lines, or the signal it died of.
 
-    python -m easd_local.engine.repack_child MODEL.gguf THREADS NGL
+    python -m easd_local.llamacpp.repack_child MODEL.gguf THREADS NGL
 """
 
 from __future__ import annotations

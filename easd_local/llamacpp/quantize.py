@@ -92,7 +92,7 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, type_name: str, *,
     ftype = quant_type(type_name)
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = part_path(dst)
-    cmd = [sys.executable, "-m", "easd_local.engine.quantize", str(src), str(tmp), str(ftype),
+    cmd = [sys.executable, "-m", "easd_local.llamacpp.quantize", str(src), str(tmp), str(ftype),
            "1" if allow_requantize else "0", str(max(0, int(n_threads)))]
     tail: deque[str] = deque(maxlen=40)
     child = None

@@ -9,7 +9,7 @@ so such text is refused with a message that says where the first bad character i
 
 from __future__ import annotations
 
-from ..errors import InvalidTextError
+from .errors import InvalidTextError
 
 
 def check_text(text: str, what: str) -> str:
