@@ -34,7 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from easd_local.engine import decoding, rpc  # noqa: E402
+from easd_local.engine import decoding  # noqa: E402
+from easd_local.llamacpp import rpc  # noqa: E402
 from easd_local.bench.datasets import load_dataset  # noqa: E402
 from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.engine.config import DecodeConfig  # noqa: E402
