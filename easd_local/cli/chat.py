@@ -18,8 +18,7 @@ from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter
 from ..chat.commands import synopsis
 from ..engine.config import DecodeConfig, not_lossless
 from ..errors import EasdError
-from ..engine.pair import check_pair_files, open_models
-from ..llamacpp.runtime import Model
+from ..engine.pair import open_models
 from . import options as o
 from .common import console, err_console, friendly
 from .progress import spinner, until_first
@@ -189,12 +188,11 @@ def _sampling(cfg: DecodeConfig) -> str:
     return f"temperature {cfg.temperature:g}, top-k {cfg.top_k}, top-p {cfg.top_p:g}"
 
 
-def _load_draft(models, spec, dopts):
+def _load_draft(models, spec, load):
     """The draft model, loaded into ``models`` (which closes it) when a mode first needs it."""
     if models.draft is None:
-        check_pair_files(spec.draft, spec.target)
         with spinner(f"loading the draft model {spec.draft.name}"):
-            models.draft = Model(spec.draft, dopts)
+            models.draft = load()
     return models.draft
 
 
@@ -254,11 +252,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             models = open_models(o.load_draft(spec, cfg), spec.target, topts, dopts)
         with models:
             transcript = TranscriptWriter.new()
+            loader = o.draft_loader(spec, dopts)
             session = ChatSession(
                 models.target, models.draft, cfg, n_vocab=models.n_vocab, system=system,
                 thresholds_source=source, transcript=transcript, label=spec.label,
                 verify_costs=o.verify_costs(spec, kw),
-                load_draft=(lambda: _load_draft(models, spec, dopts)) if spec.draft is not None else None,
+                load_draft=(lambda: _load_draft(models, spec, loader)) if loader is not None else None,
             )
             where = placement_line(models)  # all of it, the repacking note too: for /about and --verbose
 

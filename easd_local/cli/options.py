@@ -21,7 +21,7 @@ from ..engine.ways import auto_mode
 from ..llamacpp.rpc import parse_endpoints, parse_tensor_split
 from ..llamacpp.devices import gpu_offload_supported
 from ..engine.pair import check_pair_files
-from ..llamacpp.runtime import LoadOptions
+from ..llamacpp.runtime import LoadOptions, Model
 from ..store.resolve import PairFiles, resolve_config, resolve_pair
 
 
@@ -250,10 +250,25 @@ def mode_label(cfg: DecodeConfig) -> str:
 def load_draft(spec: PairFiles, cfg: DecodeConfig):
     """The draft file to load: only when the mode and drafters use it (or it is the only model).
     A pair given whole is checked either way (vocabularies only, no weights): an incompatible
-    pair is refused at once, not when a later mode first needs the draft."""
-    if spec.draft is not None and spec.target is not None:
+    pair is refused at once, not when a later mode first needs the draft (``open_models``
+    checks a pair it loads whole itself)."""
+    load = cfg.needs_draft_model or spec.target is None
+    if spec.draft is not None and spec.target is not None and not load:
         check_pair_files(spec.draft, spec.target)
-    return spec.draft if cfg.needs_draft_model or spec.target is None else None
+    return spec.draft if load else None
+
+
+def draft_loader(spec: PairFiles, dopts: LoadOptions):
+    """A loader of the draft model for when a mode first needs it (chat's /mode, serve's first
+    request that asks for it), the pair checked first; None without a draft file."""
+    if spec.draft is None:
+        return None
+
+    def load():
+        check_pair_files(spec.draft, spec.target)
+        return Model(spec.draft, dopts)
+
+    return load
 
 
 def worth_saying(why: str) -> bool:

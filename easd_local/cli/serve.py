@@ -13,8 +13,7 @@ from ..store import provenance
 from ..engine.config import DecodeConfig
 from ..engine.prompt_store import DEFAULT_CACHE_RAM_MIB
 from ..errors import ConfigError, EasdError
-from ..engine.pair import check_pair_files, open_models
-from ..llamacpp.runtime import Model
+from ..engine.pair import open_models
 from . import options as o
 from .common import err_console, friendly
 from .render import placement_line, repack_news
@@ -133,11 +132,7 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
         pair.verify_costs = verify_costs
         return pair
 
-    def load_draft():
-        check_pair_files(spec.draft, spec.target)
-        return Model(spec.draft, dopts)
-
-    engine = Engine(load, parallel, queue, load_draft=load_draft if spec.draft is not None else None,
+    engine = Engine(load, parallel, queue, load_draft=o.draft_loader(spec, dopts),
                     on_load_failed=on_load_failed, on_loaded=on_loaded, cache_prompt=cache_prompt,
                     slot_similarity=slot_similarity, cache_ram=cache_ram << 20)
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
