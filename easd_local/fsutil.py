@@ -31,6 +31,16 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
+def read_json_dict(path: str | Path) -> dict:
+    """A JSON object kept in a file of the home (verdicts, costs, notes shown), or {} when the
+    file is missing, unreadable or not an object: such a file is a cache, rebuilt when lost."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 

@@ -6,11 +6,10 @@ first time a model loads here and is noise on every later command (``doctor``, `
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 
 from .. import paths
-from ..fsutil import write_json_atomic
+from ..fsutil import read_json_dict, write_json_atomic
 
 SHOWN_NAME = "notes-shown.json"
 
@@ -20,11 +19,7 @@ def first_time(text: str) -> bool:
     cannot be written shows it every time rather than never."""
     path = paths.home() / SHOWN_NAME
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
-    try:
-        seen = json.loads(path.read_text(encoding="utf-8"))
-        seen = seen if isinstance(seen, dict) else {}
-    except (OSError, ValueError):
-        seen = {}
+    seen = read_json_dict(path)
     if key in seen:
         return False
     seen[key] = {"note": text, "date": time.strftime("%Y-%m-%d")}

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
-from ..fsutil import write_json_atomic
+from ..fsutil import read_json_dict, write_json_atomic
 from ..lifeline import child_env
 from . import gguf_info
 from .cpu import cpu_flags, cpu_name
@@ -151,11 +151,7 @@ def verdicts_path() -> Path:
 
 
 def _load_verdicts() -> dict:
-    try:
-        data = json.loads(verdicts_path().read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return read_json_dict(verdicts_path())
 
 
 def _remember(key: str, path: str | os.PathLike, r: Repack) -> None:

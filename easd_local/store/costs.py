@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..fsutil import write_json_atomic
+from ..fsutil import read_json_dict, write_json_atomic
 
 COSTS_NAME = "pair-costs.json"
 
@@ -42,11 +42,7 @@ def costs_key(draft: Path | None, target: Path, n_threads: int | None, n_gpu_lay
 
 
 def _load() -> dict:
-    try:
-        data = json.loads(costs_path().read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return read_json_dict(costs_path())
 
 
 def find(key: str) -> dict[str, Any] | None:
