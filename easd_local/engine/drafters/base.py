@@ -15,6 +15,7 @@ from typing import Generator, Protocol
 import numpy as np
 
 from ...llamacpp.runtime import Model, Part
+from ..events import LOOKUP
 from ..sequence import Seq
 
 # What a step or a drafter asks the scheduler for: one part of one model's next batch. The
@@ -34,6 +35,12 @@ class Proposal:
     rows: list[np.ndarray] | None
     origin: str
     drafter: "Drafter | None" = field(default=None, repr=False)  # who proposed it (told of the outcome)
+
+
+def looked_up(drafter: "Drafter", tokens: list[int], draft_min: int) -> Proposal:
+    """A lookup drafter's proposal (no distributions: point masses), dropped whole when it is
+    shorter than ``--draft-min``."""
+    return Proposal(tokens if len(tokens) >= draft_min else [], None, LOOKUP, drafter)
 
 
 @dataclass

@@ -16,9 +16,8 @@ from typing import Generator
 
 import numpy as np
 
-from ..events import LOOKUP
 from ..sequence import Seq
-from .base import Ask, Counters, DraftGen, Proposal
+from .base import Ask, Counters, DraftGen, Proposal, looked_up
 from .policy import AcceptanceBook
 
 MAX_MATCH = 32  # a match is measured back this far at most (confidence saturates well before)
@@ -94,9 +93,7 @@ class LookupDrafter:
                 if t in s.eog:
                     tokens = tokens[:i + 1]
                     break
-            if len(tokens) < s.cfg.draft_min:
-                tokens = []
-        return Proposal(tokens, None, LOOKUP, self)
+        return looked_up(self, tokens, s.cfg.draft_min)
         yield
 
     def accept(self, s: Seq, proposal: Proposal, n_accepted: int, start: int) -> None:

@@ -12,9 +12,8 @@ from typing import Generator
 
 import numpy as np
 
-from ..events import LOOKUP
 from ..sequence import Seq
-from .base import Ask, Counters, DraftGen, Proposal
+from .base import Ask, Counters, DraftGen, Proposal, looked_up
 from .policy import AcceptanceBook
 
 MAX_ENTRIES = 1 << 20  # as llama.cpp resets its pool when it fills: start again past this
@@ -66,10 +65,7 @@ class NgramModDrafter:
                 break
         # the table's chain has no match length: its bucket is the key's length
         k = self.book.length(n, len(found)) if found else 0
-        tokens = found[:k]
-        if len(tokens) < s.cfg.draft_min:
-            tokens = []
-        return Proposal(tokens, None, LOOKUP, self)
+        return looked_up(self, found[:k], s.cfg.draft_min)
         yield
 
     def accept(self, s: Seq, proposal: Proposal, n_accepted: int, start: int) -> None:
