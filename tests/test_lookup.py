@@ -62,40 +62,38 @@ def test_greedy_lookup_is_the_targets_output(target, spec_type):
     assert len(parted) <= 1, parted
 
 
-def test_a_step_with_no_match_is_one_decode(target, monkeypatch):
-    """A prompt with no repeated n-gram: every sd step with ngram-simple is exactly one
-    llama_decode of one token on the target, as target mode's."""
-    prompt = list(range(10, 40))  # 30 distinct ids: nothing to look up in the prompt
-    calls = []
+def _counting_decodes(monkeypatch) -> list[int]:
+    """From now on, the token count of every llama_decode call, in order."""
+    calls: list[int] = []
     real = runtime._ll.llama_decode
 
     def counting(ctx, batch):
         calls.append(batch.n_tokens)
         return real(ctx, batch)
 
+    monkeypatch.setattr(runtime._ll, "llama_decode", counting)
+    return calls
+
+
+def test_a_step_with_no_match_is_one_decode(target, monkeypatch):
+    """A prompt with no repeated n-gram: every sd step with ngram-simple is exactly one
+    llama_decode of one token on the target, as target mode's."""
+    prompt = list(range(10, 40))  # 30 distinct ids: nothing to look up in the prompt
     target.reset()
     pair = Pair(draft=None, target=target, n_vocab=target.n_vocab)
     sched = Scheduler(pair, 1)
     # the draft min keeps any chance match of the generated text from proposing
     sched.submit(Request(prompt, DecodeConfig(mode="sd", spec_type="ngram-simple", max_tokens=6, draft_min=64)))
     sched.step()  # prefill and the first step
-    monkeypatch.setattr(runtime._ll, "llama_decode", counting)
+    calls = _counting_decodes(monkeypatch)
     for _ in range(4):
         before = len(calls)
         sched.step()
         assert calls[before:] == [1], calls
-    monkeypatch.setattr(runtime._ll, "llama_decode", real)
 
 
 def test_lookup_in_two_slots_is_one_batch(target, monkeypatch):
     """Two sequences drafting by lookup share each step's one target batch."""
-    calls = []
-    real = runtime._ll.llama_decode
-
-    def counting(ctx, batch):
-        calls.append(batch.n_tokens)
-        return real(ctx, batch)
-
     target.reset()
     pair = Pair(draft=None, target=target, n_vocab=target.n_vocab)
     sched = Scheduler(pair, 2)
@@ -103,14 +101,13 @@ def test_lookup_in_two_slots_is_one_batch(target, monkeypatch):
     for text in REPEATS[:2]:
         sched.submit(Request(target.vocab.tokenize(text), cfg, reuse_cache=False))
     sched.step()
-    monkeypatch.setattr(runtime._ll, "llama_decode", counting)
+    calls = _counting_decodes(monkeypatch)
     steps = 0
     while sched.active == 2:
         before = len(calls)
         sched.step()
         steps += 1
         assert len(calls) - before == 1, "one target batch per step for both slots"
-    monkeypatch.setattr(runtime._ll, "llama_decode", real)
     assert steps > 0 and max(calls) > 2, "some step verified looked-up tokens"
 
 
