@@ -143,6 +143,20 @@ def test_match_finds_the_last_earlier_occurrence_and_its_length():
     assert e == -1
 
 
+def test_match_prefers_the_place_that_matches_longer():
+    # "3 4" ends the text; its latest earlier place (after "5", followed by 8) matches 2 tokens,
+    # an older one (after "1 2", followed by 7) matches 4: the longer match is followed
+    seq = [9, 1, 2, 3, 4, 7, 5, 3, 4, 8, 1, 2, 3, 4]
+    idx = L._SlotIndex(0, 2)
+    e, length = L.match(seq, idx)
+    assert seq[e] == 7 and length == 4
+    # an index entry that points at the wrong place (a hash collision) is not followed: the
+    # tokens are compared, and a shorter n-gram answers
+    idx.ends[4][hash(tuple(seq[-4:]))] = 9
+    e, length = L.match(seq, idx)
+    assert seq[e] in (7, 8) and length >= 2 and seq[e - 2:e] == [3, 4]
+
+
 def test_best_length_follows_acceptance_and_costs():
     costs = P.linear_costs(16, 0.29)
     assert P.best_length(0.1, costs, 16) == 0  # seldom right: the target's own decode

@@ -3,9 +3,10 @@ where the text so far (prompt and generated tokens) ended as it ends now, and pr
 tokens that followed there. It costs no decode: a step with no match is the target's own
 one-token decode.
 
-Per slot it keeps an index from each ``spec_ngram_size_n``-token n-gram to where it last
-ended, grown as the sequence grows (a sequence only ever appends), so a lookup is one dict
-read and a short backward comparison that measures how long the match is. How many of the
+Per slot it keeps an index from each ``spec_ngram_size_n``-token n-gram (and each longer
+one of ``LONGER``) to where it last ended, grown as the sequence grows (a sequence only ever
+appends), so a lookup is a few dict reads, longest n-gram first, and a short backward
+comparison that measures how long the match is. How many of the
 tokens that followed are proposed is the ``AcceptanceBook``'s choice: what pays on this
 machine's verify costs at the acceptance seen after matches that long.
 """
@@ -21,41 +22,62 @@ from .base import Ask, Counters, DraftGen, Proposal, looked_up
 from .policy import AcceptanceBook
 
 MAX_MATCH = 32  # a match is measured back this far at most (confidence saturates well before)
+# n-gram lengths indexed above ``spec_ngram_size_n``: the lookup tries the longest first, so
+# that of two earlier places the one that matches more of the text is followed (replayed
+# along the bench's texts at this machine's verify costs: 1.20x -> 1.24x on code edits)
+LONGER = (3, 4, 6, 8, 12, 16)
 
 
 class _SlotIndex:
-    __slots__ = ("owner", "n", "ends", "indexed", "last_match")
+    __slots__ = ("owner", "n", "levels", "ends", "indexed", "last_match")
 
     def __init__(self, owner: object, n: int) -> None:
         # the sequence it indexes: request ids restart with every scheduler, a slot's next
         # sequence is another object
         self.owner, self.n = owner, n
-        self.ends: dict[tuple[int, ...], int] = {}  # n-gram -> position just after its last occurrence
+        self.levels = (n,) + tuple(lv for lv in LONGER if lv > n)
+        # per level: hash of an n-gram -> position just after its last occurrence (a hash, not
+        # the tuple, keeps a long context's index small; a collision is caught by ``match``,
+        # which compares the tokens)
+        self.ends: dict[int, dict[int, int]] = {lv: {} for lv in self.levels}
         self.indexed = 0  # n-grams ending before this position are in ``ends``
         self.last_match = 0
 
     def grow(self, seq: list[int], upto: int) -> None:
         """Index every n-gram that ends before ``upto`` and is followed by a token."""
-        n = self.n
-        for e in range(max(n, self.indexed), upto):
-            self.ends[tuple(seq[e - n:e])] = e
+        for lv in self.levels:
+            ends = self.ends[lv]
+            for e in range(max(lv, self.indexed), upto):
+                ends[hash(tuple(seq[e - lv:e]))] = e
         self.indexed = max(self.indexed, upto)
+
+
+def _length(seq: list[int], e: int, most: int) -> int:
+    """How many tokens before position ``e`` equal the sequence's last ones (at most ``most``)."""
+    L, length = len(seq), 0
+    while length < most and e - length - 1 >= 0 and seq[e - length - 1] == seq[L - length - 1]:
+        length += 1
+    return length
 
 
 def match(seq: list[int], idx: _SlotIndex) -> tuple[int, int]:
     """(where the continuation starts, match length) of the last earlier occurrence of the
-    sequence's final n-gram; (-1, 0) when there is none."""
-    n, L = idx.n, len(seq)
-    if L <= n:
+    longest indexed n-gram the sequence ends with; (-1, 0) when not even its last
+    ``spec_ngram_size_n`` tokens occurred before."""
+    L = len(seq)
+    if L <= idx.n:
         return -1, 0
     idx.grow(seq, L)  # every n-gram whose next token is known: all but the current one
-    e = idx.ends.get(tuple(seq[L - n:]))
-    if e is None:
-        return -1, 0
-    length = n
-    while length < MAX_MATCH and e - length - 1 >= 0 and seq[e - length - 1] == seq[L - length - 1]:
-        length += 1
-    return e, length
+    for lv in reversed(idx.levels):
+        if L <= lv:
+            continue
+        e = idx.ends[lv].get(hash(tuple(seq[L - lv:])))
+        if e is None:
+            continue
+        length = _length(seq, e, MAX_MATCH)
+        if length >= lv:  # else a hash collision: try a shorter n-gram
+            return e, length
+    return -1, 0
 
 
 class LookupDrafter:
