@@ -177,8 +177,8 @@ class Split:
 
         for name in ("decode_batch",):
             self.wrap(runtime.Model, name, "runtime")
-        for name in ("verify", "target_first", "greedy", "runner_up", "sampling_probs", "sample", "residual",
-                     "penalize", "sd_accept"):
+        for name in ("verify", "target_first", "greedy", "runner_up", "sampling_probs", "distribution", "prob",
+                     "sample", "residual", "residual_point", "penalize", "sd_accept"):
             self.wrap(rules, name, "rules")
         self.wrap(sequence.Seq, "sample", "rules")
         self.wrap(drafter, "top_probability", "rules")
@@ -210,7 +210,8 @@ def run_prompts(pair, prompts, settings: dict, max_tokens: int) -> tuple[float, 
     return seconds, n, controller
 
 
-def bench_mode(pair, replay: Replay, prompts, settings: dict, max_tokens: int, repeats: int) -> dict:
+def bench_mode(pair, replay: Replay, prompts, settings: dict, max_tokens: int, repeats: int,
+               profile: int = 0) -> dict:
     replay.calls.clear()
     replay.replaying = False
     _, tokens, live = run_prompts(pair, prompts, settings, max_tokens)  # the real generations, recorded
@@ -230,6 +231,14 @@ def bench_mode(pair, replay: Replay, prompts, settings: dict, max_tokens: int, r
         split.stop()
     finally:
         split.uninstall()
+    if profile:  # where the replayed time goes, function by function (to stderr)
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        replay.rewind()
+        prof.runcall(run_prompts, pair, prompts, settings, max_tokens)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
     replay.calls.clear()
     return {
         "tokens": tokens,
@@ -251,6 +260,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, help="replays per mode (default 10 on the tiny pair, else 5)")
     ap.add_argument("--threads", type=int, default=None, help="llama.cpp threads for the recording (default: all)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after each mode, print its N costliest functions in one replay under cProfile (stderr)")
     a = ap.parse_args()
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -280,7 +291,7 @@ def main() -> int:
     out = {}
     try:
         for m in modes:
-            out[m] = bench_mode(pair, replay, prompts, MODES[m], max_tokens, repeats)
+            out[m] = bench_mode(pair, replay, prompts, MODES[m], max_tokens, repeats, a.profile)
             print(f"{m}: {json.dumps(out[m])}", file=sys.stderr, flush=True)  # progress: a mode takes minutes
     finally:
         replay.uninstall()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from easd_local.engine import gate, rules
+from easd_local.engine.dist import Sparse
 
 V = 151_936
 REPO = Path(__file__).resolve().parents[1]
@@ -158,6 +159,47 @@ def test_blockwise_sampling_picks_the_token_of_the_full_cumulative_sum():
     onehot[:] = 0
     onehot[3] = 1.0
     assert rules.sample(onehot, np.random.default_rng(0)) == 3
+
+
+def _dense(p):
+    return p.dense() if isinstance(p, Sparse) else np.asarray(p)
+
+
+def test_sparse_distribution_is_the_dense_one():
+    """Plain sampling of a wide row kept as its support (``rules.distribution``): p(d), the
+    residual against another such q, a point mass's residual, the penalised p and a sample
+    are those of the dense rows (to float rounding), -inf logits, one-hot and flat rows
+    included."""
+    sparse_rows = 0
+    for T in (0.7, 1.0):
+        ps = [rules.distribution(z, T) for z in Z]
+        qs = [rules.distribution(z, T) for z in np.roll(Z, 1, axis=0)]
+        for z, p, q in zip(Z, ps, qs):
+            sparse_rows += isinstance(p, Sparse)
+            ref = rules.sampling_probs(z, T)
+            np.testing.assert_allclose(_dense(p), ref, rtol=0, atol=1e-7)
+            qd = _dense(q)
+            for tok in (int(z.argmax()), 0, V - 1, 12345):
+                assert abs(rules.prob(p, tok) - float(ref[tok])) < 1e-7
+            np.testing.assert_allclose(_dense(rules.residual(p, q)), rules.residual(ref, qd), rtol=0, atol=1e-6)
+            np.testing.assert_allclose(_dense(rules.residual(p, qd)), rules.residual(ref, qd), rtol=0, atol=1e-6)
+            top = int(z.argmax())
+            np.testing.assert_allclose(_dense(rules.residual_point(p, top)), rules.residual_point(ref, top),
+                                       rtol=0, atol=1e-6)
+            np.testing.assert_allclose(_dense(rules.penalize(p, top, 0.3)), rules.penalize(ref, top, 0.3),
+                                       rtol=0, atol=1e-6)
+            cdf = old_cdf(ref)
+            for seed in range(10):
+                got = rules.sample(p, np.random.default_rng(seed))
+                want = rules.sample(ref, np.random.default_rng(seed))
+                u = np.random.default_rng(seed).random()
+                assert ref[got] > 0 and (got == want or abs(cdf[min(got, want)] - u) < 1e-9), (got, want)
+    assert sparse_rows >= 6, "the LM-like, peaked and masked rows are held sparse"
+    # a point mass with nothing else: its residual and a penalty of 0 leave p itself
+    one = rules.distribution(Z[3], 0.7)
+    assert isinstance(one, Sparse) and one.ids.tolist() == [12345]
+    assert rules.residual_point(one, 12345) is one
+    assert rules.sample(rules.penalize(one, 12345, 0.0), np.random.default_rng(0)) == 12345
 
 
 def test_verify_reads_lists_of_rows_as_the_stacked_array():

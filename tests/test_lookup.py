@@ -235,3 +235,28 @@ def test_a_pair_kept_across_generations_starts_each_sequence_afresh(target, spec
         target.reset()
         fin, _ = decoding.generate_all(target, None, prompt, cfg, n_vocab=target.n_vocab, pair=pair)
         assert fin.tokens == ref.tokens or why_parted(pair, prompt, cfg.replace(mode="target"), ref, [], fin, [])
+
+
+def test_the_model_drafter_keeps_its_rows_only_where_the_verify_reads_them(target, tiny_draft, monkeypatch):
+    """Greedy sd reads no draft row (its proposal is tokens: a copy of each 152k-wide row is
+    spared); sampled sd (q) and easd (the gate) get one row per drafted token."""
+    draft = Model(tiny_draft, LoadOptions(n_ctx=512, n_threads=1))
+    seen: list[object] = []
+    real = R.verify
+
+    def spy(drafts, rows, *a, **kw):
+        seen.append(None if rows is None else len(rows) == len(drafts))
+        return real(drafts, rows, *a, **kw)
+
+    monkeypatch.setattr(R, "verify", spy)
+    try:
+        prompt = target.vocab.tokenize(REPEATS[1])
+        for kw, want in ((dict(mode="sd"), {None}), (dict(mode="sd", temperature=0.8), {True}),
+                         (dict(mode="easd", tau_draft=0.0, tau_target=0.0), {True})):
+            seen.clear()
+            target.reset()
+            draft.reset()
+            decoding.generate_all(target, draft, prompt, DecodeConfig(max_tokens=12, **kw), n_vocab=target.n_vocab)
+            assert seen and set(seen) == want, (kw, seen)
+    finally:
+        draft.close()

@@ -350,14 +350,14 @@ def test_a_failure_in_one_sequence_leaves_the_others(pair, monkeypatch):
     monkeypatch.setattr(type(pair.target), "decode_batch", poisoned)
     got = batch(pair, [Request(p, cfg, reuse_cache=False) for p in prompts[:3]], n=3)
     monkeypatch.undo()
-    assert isinstance(got[1][0], Failed) and "non-finite logits" in got[1][0].message
+    assert isinstance(got[1][0], Failed) and "NaN or infinite logits" in got[1][0].message
     assert got[1][1], "it emitted tokens before the failure"
     ok = [got[0], got[2]]
     assert_same_up_to_near_ties(pair, [prompts[0], prompts[2]], [cfg] * 2, [0, 0], ok, max_parted=1)
     # generate (B = 1) raises the failure
     monkeypatch.setattr(type(pair.target), "decode_batch",
                         lambda self, parts: [np.full_like(z, np.nan) for z in orig(self, parts)])
-    with pytest.raises(Exception, match="non-finite logits"):
+    with pytest.raises(Exception, match="NaN or infinite logits"):
         solo(pair, prompts[0], cfg, 0)
 
 

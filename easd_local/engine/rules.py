@@ -24,11 +24,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import dist
 from .config import RANDOM_SEED, DecodeConfig
+from .dist import Sparse
 # where an emitted token came from (defined with the events; the rules produce them)
 from .events import BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET
 # the gate's quantities and its predicate, under the names the rules have always had
-from .gate import Gate, Reading, _rows, _top_n_sets, entropy, sets_overlap, top_n_overlap, top_n_sets
+from .gate import TAIL_NATS, Gate, Reading, _rows, _top_n_sets, entropy, sets_overlap, top_n_overlap, top_n_sets
 from .gate import opens as gate
 
 __all__ = [
@@ -66,16 +68,14 @@ __all__ = [
 _NUCLEUS_CANDIDATES = 1024
 
 # Plain sampling (no top-k, no top-p) gives probability 0 to the tokens whose tempered logit is
-# more than this many nats below the best one: each would have at most e^-30 (1e-13) of the
-# best token's probability, all of them together at most V * e^-30 (1.4e-8 at 152k tokens) of
-# the mass, below what a float32 probability resolves. Skipping them spares the exp of most of
-# a real vocabulary (at T = 0.7 typically 90 % of its logits lie that far below the best).
-_TAIL_NATS = 30.0
+# more than ``gate.TAIL_NATS`` below the best one (at T = 0.7 typically 90 % of a real
+# vocabulary's logits lie that far below the best): each would have at most e^-30 of the best
+# token's probability, all together at most 1.4e-8 of the mass at 152k tokens, below what a
+# float32 probability resolves.
+_TAIL_NATS = TAIL_NATS
 
-# ``sample`` finds its token block by block: the float64 sums of blocks of this many
-# probabilities, then the cumulative sum inside the one block the draw falls in (for V up to
-# one block: the cumulative sum of the whole row, as it always was)
-_SAMPLE_BLOCK = 2048
+# rows wider than this may be held sparse (``distribution``)
+_SAMPLE_BLOCK = dist.SAMPLE_BLOCK
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -198,6 +198,24 @@ def _tempered_softmax(z: np.ndarray, temperature: float) -> np.ndarray:
     return out
 
 
+def distribution(z_row: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0):
+    """``sampling_probs`` of one row, for the rules' own use: a ``dist.Sparse`` where plain
+    sampling leaves most of a wide row at probability 0, else the dense row. ``sample``,
+    ``residual``, ``residual_point``, ``penalize`` and ``prob`` take either."""
+    z = np.asarray(z_row)
+    if z.ndim == 1 and z.size > _SAMPLE_BLOCK and top_p >= 1.0 and not 0 < top_k < z.size \
+            and temperature > 0 and math.isfinite(temperature):
+        sp = dist.tempered(z, temperature)
+        if sp is not None:
+            return sp
+    return sampling_probs(z, temperature, top_k, top_p)
+
+
+def prob(p, token: int) -> float:
+    """p(token) of a dense row or a ``dist.Sparse``."""
+    return p.at(token) if isinstance(p, Sparse) else float(p[token])
+
+
 # ------------------------------------------------------------------ token-level rules
 
 
@@ -254,6 +272,10 @@ def residual(p, q):
     this branch is only reached through float rounding; returning ``p`` keeps the output
     law equal to p (what SD must emit) instead of dividing by zero.
     """
+    if isinstance(p, Sparse) or isinstance(q, Sparse):
+        if isinstance(p, Sparse) and isinstance(q, Sparse):
+            return dist.residual(p, q)
+        p, q = (x.dense() if isinstance(x, Sparse) else x for x in (p, q))
     p = np.asarray(p)
     r = np.subtract(p, q)  # the one full-vocabulary array: the rest is done in it
     np.maximum(r, 0, out=r)
@@ -270,6 +292,8 @@ def residual_point(p, token: int):
     """``residual(p, δ_token)`` without a full-vocabulary one-hot: p with ``token`` removed,
     renormalised (p itself when nothing else has mass, which the SD test then never reaches:
     it accepts a point mass on ``token`` with probability p(token) = 1)."""
+    if isinstance(p, Sparse):
+        return dist.without(p, token)
     r = np.array(p, copy=True)
     r[token] = 0
     s = float(r.sum(dtype=np.float64))
@@ -287,6 +311,13 @@ def penalize(p, token: int, lam: float, fallback=None):
     no fallback, or it too has no mass outside ``token``, ``p`` is returned unchanged:
     no other token is possible, so re-emitting the gated token is the only option.
     """
+    if isinstance(p, Sparse):
+        out = dist.penalized(p, token, lam)
+        if out is not None:
+            return out
+        if fallback is None:
+            return p
+        p = p.dense()
     p = np.asarray(p)
     out = p.copy()
     out[token] *= lam
@@ -310,49 +341,13 @@ def make_rng(seed: int) -> np.random.Generator:
 
 
 def sample(probs, rng: np.random.Generator) -> int:
-    """Inverse-CDF sample of one token from ``probs`` (V,), using one ``rng.random()``.
-
-    The cumulative sum is taken in float64 and scaled by its total, so ``probs`` need
-    not sum to exactly 1. ``searchsorted(..., side="right")`` never lands on a
-    zero-probability token; a draw that rounds past the end is clipped to the last
-    token with nonzero probability.
-
-    Above ``_SAMPLE_BLOCK`` tokens the cumulative sum is not written out whole (a float64
-    array of V, milliseconds at 152k tokens): the float64 sums of the blocks locate the
-    block the draw falls in, and the cumulative sum is taken inside that block only, from
-    the mass before it. The same token up to the rounding of the sums (1e-16 relative).
-    """
-    p = np.asarray(probs)
-    V = p.shape[-1]
-    if V <= _SAMPLE_BLOCK:
-        cs = np.cumsum(p, dtype=np.float64)
-        total = cs[-1]
-        if not (total > 0) or not math.isfinite(total):
-            raise ValueError(f"cannot sample from a distribution with total mass {total}")
-        i = int(np.searchsorted(cs, rng.random() * total, side="right"))
-        if i >= cs.size:
-            i = int(np.flatnonzero(p > 0)[-1])
-        return i
-    B = _SAMPLE_BLOCK
-    full = V // B
-    sums = p[: full * B].reshape(full, B).sum(axis=-1, dtype=np.float64)
-    if full * B < V:
-        sums = np.append(sums, p[full * B:].sum(dtype=np.float64))
-    before = np.cumsum(sums)
-    total = before[-1]
-    if not (total > 0) or not math.isfinite(total):
-        raise ValueError(f"cannot sample from a distribution with total mass {total}")
-    x = rng.random() * total
-    b = int(np.searchsorted(before, x, side="right"))  # the block whose mass holds x (never an empty one)
-    if b >= before.size:
-        return int(np.flatnonzero(p > 0)[-1])
-    block = p[b * B:(b + 1) * B]
-    cs = np.cumsum(block, dtype=np.float64)
-    cs += before[b - 1] if b else 0.0
-    i = int(np.searchsorted(cs, x, side="right"))
-    if i >= cs.size:  # x rounds past the block's own sum: its last token with mass
-        i = int(np.flatnonzero(block > 0)[-1])
-    return b * B + i
+    """Inverse-CDF sample of one token from ``probs`` (V,), using one ``rng.random()``
+    (``dist.inverse_cdf``: float64 sums scaled by their total, so ``probs`` need not sum to
+    exactly 1; never a zero-probability token). A ``dist.Sparse`` draws over its support, by
+    the same rule."""
+    if isinstance(probs, Sparse):
+        return probs.sample(rng)
+    return dist.inverse_cdf(np.asarray(probs), rng)
 
 
 # ------------------------------------------------------------------- one verify block
@@ -452,16 +447,16 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
 
         def p(i: int) -> np.ndarray:
             if i not in p_rows:
-                p_rows[i] = sampling_probs(zt[i], T, K, P)
+                p_rows[i] = distribution(zt[i], T, K, P)
             return p_rows[i]
 
         def q(i: int) -> np.ndarray:
             if i not in q_rows:
-                q_rows[i] = sampling_probs(zd[i], T, K, P)
+                q_rows[i] = distribution(zd[i], T, K, P)
             return q_rows[i]
 
         def accepts(i: int, di: int) -> bool:
-            return sd_accept(p(i)[di], 1.0 if point else q(i)[di], rng.random())
+            return sd_accept(prob(p(i), di), 1.0 if point else prob(q(i), di), rng.random())
 
         def on_reject(i: int, di: int) -> int:
             return sample(residual_point(p(i), di) if point else residual(p(i), q(i)), rng)
@@ -493,7 +488,7 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
 def _emit_from_p(z_t: np.ndarray, cfg: DecodeConfig, rng: np.random.Generator) -> int:
     if cfg.greedy:
         return greedy(z_t)
-    return sample(sampling_probs(z_t, cfg.temperature, cfg.top_k, cfg.top_p), rng)
+    return sample(distribution(z_t, cfg.temperature, cfg.top_k, cfg.top_p), rng)
 
 
 def target_first(z_target_row, z_draft_row, cfg: DecodeConfig, gate_: Gate, rng: np.random.Generator,
@@ -526,10 +521,10 @@ def target_first(z_target_row, z_draft_row, cfg: DecodeConfig, gate_: Gate, rng:
             return Pick(runner_up(z_t, a_p), EASD, r)
         return Pick(a_p, TARGET, r)
     T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
-    p = sampling_probs(z_t, T, K, P)
-    q = sampling_probs(z_d, T, K, P)
+    p = distribution(z_t, T, K, P)
+    q = distribution(z_d, T, K, P)
     d = sample(q, rng)
-    if sd_accept(p[d], q[d], rng.random()):
+    if sd_accept(prob(p, d), prob(q, d), rng.random()):
         return Pick(sample(penalize(p, d, cfg.penalty, fallback=lambda: sampling_probs(z_t, T)), rng), EASD, r)
     return Pick(sample(residual(p, q), rng), TARGET, r)
 

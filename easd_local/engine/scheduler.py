@@ -50,7 +50,6 @@ Single-threaded: one thread calls ``submit``, ``cancel`` and ``step``.
 
 from __future__ import annotations
 
-import math
 import time
 from operator import itemgetter
 from dataclasses import dataclass, field
@@ -62,9 +61,9 @@ from .prompt_store import PromptStore
 from .prompt_cache import DEFAULT_SIMILARITY, SlotView, pick_slot
 from .config import DecodeConfig
 from .events import Finished, TokenEvent, fits_context
-from ..errors import ConfigError, ContextOverflowError, EasdError, RuntimeFailure
+from ..errors import ConfigError, ContextOverflowError, EasdError
 from .pair import Pair
-from ..llamacpp.runtime import Model, Part
+from ..llamacpp.runtime import Model, Part, all_finite, non_finite_logits
 from .sequence import Seq as _Seq  # one sequence's state (the name this module has always used)
 from .steps import STEPS, StepGen
 
@@ -317,9 +316,9 @@ class Scheduler:
             return
         for s, (step, _, _), z in zip(batch, steps, zs):
             z = z[:, : self.V]
-            if not math.isfinite(float(z.max())):
+            if not all_finite(z):  # lent rows: the runtime left this check to us, per sequence
                 step.close()
-                self._fail(s, RuntimeFailure(f"{model.path.name} returned non-finite logits (NaN or inf)"), out)
+                self._fail(s, non_finite_logits(model.path), out)
                 continue
             self._advance(s, step, z, waiting, out)
 

@@ -66,7 +66,7 @@ class Seq:
         cfg = self.cfg
         if cfg.greedy:
             return int(z.argmax())  # the first maximum, as np.argmax (without its wrapper)
-        return rules.sample(rules.sampling_probs(z[None, :], cfg.temperature, cfg.top_k, cfg.top_p)[0], self.rng)
+        return rules.sample(rules.distribution(z, cfg.temperature, cfg.top_k, cfg.top_p), self.rng)
 
     def accept(self, picks: list[Pick]) -> int:
         """Emit ``picks`` in order until the token budget runs out or an end-of-generation

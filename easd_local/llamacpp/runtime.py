@@ -42,7 +42,7 @@ except ImportError as _e:  # pragma: no cover - import-time guard for a broken i
 from .. import crashnote
 from ..errors import ContextOverflowError, ModelLoadError, NonFiniteLogitsError, RuntimeFailure
 from ..interrupts import deferred_interrupt
-from . import devices, gguf_info, llama_log, repack
+from . import devices, gguf_info, heap, llama_log, repack
 from .gguf_file import check_gguf_file
 from .gguf_info import file_type_name
 from .vocab import Vocab
@@ -268,6 +268,7 @@ class Model(ModelFile):
         self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
         path = check_gguf_file(path)
+        heap.keep_freed_blocks()  # the controller's 600 KB row temporaries: no page faults each
         self.repack = repack.decide(path, requested=opts.extra_bufts, threads=opts.threads(),
                                     n_gpu_layers=opts.n_gpu_layers, rpc=bool(opts.rpc))
         crashnote.note(f"while loading {path.name} ({self._repack_words()})")
@@ -433,7 +434,9 @@ class Model(ModelFile):
         """Within it, ``decode_batch`` lends its rows instead of copying them: each part's rows
         are a numpy view over llama.cpp's own logits buffer (no copy out), valid until this
         model's next decode, which overwrites them. Whoever keeps a row past that copies it;
-        nobody writes into one. The decoding loop (``scheduler``) decodes this way."""
+        nobody writes into one. The borrower checks that each part's rows are finite
+        (``all_finite``), once, where it can fail just the sequence they belong to; the
+        decoding loop (``scheduler``) decodes this way."""
         was, self._lend = self._lend, True
         try:
             yield
@@ -446,7 +449,7 @@ class Model(ModelFile):
         per part, its requested rows as one compact float32 array (len(logits_at), n_vocab):
         a copy, or inside ``lending_rows`` a view over llama.cpp's buffer when the batch is
         one ``llama_decode`` (the rows of a longer one are copied all the same). Only the rows
-        asked for are computed and read; each is checked to be finite.
+        asked for are computed and read; outside ``lending_rows`` each is checked to be finite.
 
         At most one part per sequence. A failed decode leaves every sequence as it was."""
         if self._ctx is None:
@@ -491,31 +494,46 @@ class Model(ModelFile):
                 fresh = [_logits_view(self._ctx, self.path.name, self.n_vocab, j, 1)[0] for j, _, _ in outs_at]
                 for (_, k, row), z in zip(outs_at, fresh):
                     outs[k][row] = z
-            if not all(_all_finite(z) for z in fresh):
+            if not lend and not all(all_finite(z) for z in fresh):
                 for k, p in enumerate(parts):  # every sequence as it was, as for a failed decode
                     self._seq_rm(p.seq, starts[k])
-                _non_finite(self.path)
+                raise non_finite_logits(self.path)
         for p in parts:
             self._seqs[p.seq].extend(p.tokens)
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
 
-def _non_finite(path) -> None:
-    # Corrupt weights (flipped bytes, a broken quantization) give NaN or inf logits;
-    # sampling from them fails and greedy argmax silently emits token 0. Checked where
-    # every logits row leaves llama.cpp.
-    raise NonFiniteLogitsError(
+def non_finite_logits(path) -> NonFiniteLogitsError:
+    """The error for a model whose logits hold a NaN or an infinity. Corrupt weights (flipped
+    bytes, a broken quantization) give them; sampling from them fails and greedy argmax
+    silently emits token 0. Checked where every logits row leaves llama.cpp (lent rows: by
+    the borrower)."""
+    return NonFiniteLogitsError(
         f"{path}: the model produced NaN or infinite logits; its weights look corrupt "
         "(re-download or re-convert the file)"
     )
 
 
+class _Rows:
+    """llama.cpp's logits memory as numpy sees it (the array interface): building an array
+    from this takes a few microseconds, ``np.ctypeslib.as_array`` tens."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, addr: int, n: int, n_vocab: int) -> None:
+        self.__array_interface__ = {"data": (addr, False), "shape": (n, n_vocab), "typestr": "<f4", "version": 3}
+
+
+def _logits_addr(ctx, name: str, j: int) -> int:
+    addr = ctypes.cast(_ll.llama_get_logits_ith(ctx, j), ctypes.c_void_p).value
+    if not addr:
+        raise RuntimeFailure(f"{name}: llama.cpp returned no logits for batch index {j}")
+    return addr
+
+
 def _logits_view(ctx, name: str, n_vocab: int, j: int, n: int) -> np.ndarray:
     """A (n, n_vocab) view over llama.cpp's logits of batch index j and the n - 1 output
     rows after it (rows of one decode lie one after another in batch order)."""
-    ptr = _ll.llama_get_logits_ith(ctx, j)
-    if not ptr:
-        raise RuntimeFailure(f"{name}: llama.cpp returned no logits for batch index {j}")
-    return np.ctypeslib.as_array(ptr, shape=(n, n_vocab))
+    return np.asarray(_Rows(_logits_addr(ctx, name, j), n, n_vocab))
 
 
 def _lent_rows(ctx, name: str, n_vocab: int, outs_at: list[tuple[int, int, int]],
@@ -528,7 +546,7 @@ def _lent_rows(ctx, name: str, n_vocab: int, outs_at: list[tuple[int, int, int]]
         j0, k, _ = outs_at[i]
         n = len(wants[k])  # the part's rows follow one another in the batch
         z = _logits_view(ctx, name, n_vocab, j0, n)
-        if n > 1 and ctypes.addressof(_ll.llama_get_logits_ith(ctx, outs_at[i + n - 1][0]).contents) != \
+        if n > 1 and _logits_addr(ctx, name, outs_at[i + n - 1][0]) != \
                 z.ctypes.data + (n - 1) * z.strides[0]:  # not where expected: copy them one by one
             z = np.stack([_logits_view(ctx, name, n_vocab, j, 1)[0] for j, _, _ in outs_at[i:i + n]])
         outs[k] = z
@@ -548,7 +566,7 @@ def _short_of_memory(name: str, opts: LoadOptions, n_seq: int, per_seq: int, nee
             f"{fmt_bytes(need)}, but only {fmt_bytes(avail)} of memory is free (lower --parallel or --ctx)")
 
 
-def _all_finite(z: np.ndarray) -> bool:
+def all_finite(z: np.ndarray) -> bool:
     """Whether ``z`` holds no NaN and no infinity: two vectorised reductions (a NaN makes both
     NaN), cheaper than ``isfinite(z).all()`` and its boolean temporary."""
     return not z.size or bool(np.isfinite(z.max()) and np.isfinite(z.min()))

@@ -53,6 +53,9 @@ class ModelDrafter:
         self.counters.calls += 1
         tokens: list[int] = []
         rows: list[np.ndarray] = []
+        # the verify reads the draft's rows only to sample (q) or for the gate: greedy sd's
+        # proposal is its tokens (each a point mass: the same greedy rule), and no row is copied
+        keep_rows = s.gate.can_fire or not s.cfg.greedy
         pending = s.seq[self.model.seq_len(s.slot):]
         n_max = min(n_max, s.cfg.gamma)
         while len(tokens) < n_max:
@@ -63,13 +66,14 @@ class ModelDrafter:
                 break
             d = s.sample(z)
             tokens.append(d)
-            rows.append(z.copy())  # a lent row: the next round's decode overwrites it
+            if keep_rows:
+                rows.append(z.copy())  # a lent row: the next round's decode overwrites it
             if d in s.eog:
                 break
             pending = [d]
         if len(tokens) < s.cfg.draft_min:
             tokens, rows = [], []
-        return Proposal(tokens, rows, DRAFT, self)
+        return Proposal(tokens, rows if keep_rows else None, DRAFT, self)
 
     def consult(self, s: Seq) -> Generator[Ask, np.ndarray, np.ndarray]:
         """One round: catch up with ``s.seq`` and return the logits after its last token."""
