@@ -1,0 +1,56 @@
+#!/usr/bin/env python
+"""Where each greedy text of a ``bench_lookup.py`` run parts from its own system's target alone,
+and whether that is a near-tie: the target's logits at the parting position are recomputed at
+B = 1 (prompt and the target's text up to there, our runtime) and the two tokens' logit gap is
+printed beside the top-2 margin. |gap| equal to the margin: the two texts took the two best
+tokens, a batch-shape near-tie (README, "Lossless means lossless").
+
+    python scripts/lookup_partings.py results/lookup-code-256.jsonl results/lookup-gsm8k-256.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import bench_lookup as B  # noqa: E402  (its request sets)
+
+
+def main(argv: list[str]) -> int:
+    from easd_local.llamacpp.runtime import LoadOptions, Model, Part
+    from easd_local.store.resolve import resolve_pair
+
+    if not argv:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    target = resolve_pair(None, None, None).target
+    with Model(target, LoadOptions(n_ctx=4096, n_threads=2)) as m:
+        for f in argv:
+            rows = [json.loads(line) for line in Path(f).read_text(encoding="utf-8").splitlines() if line.strip()]
+            which = rows[0].get("set", "code")
+            reqs = {q["id"]: q["text"] for q in B.load_requests(which, None)}
+            ref = {(r["request"], r["system"]): r for r in rows if r["method"] == "target"}
+            for r in rows:
+                t = ref.get((r["request"], r["system"]), {}).get("token_ids")
+                o = r["token_ids"]
+                i = next((k for k, (a, b) in enumerate(zip(t or [], o)) if a != b), None)
+                if r["method"] == "target" or i is None:
+                    continue
+                chat = m.vocab.apply_chat_template([{"role": "user", "content": reqs[r["request"]]}])
+                p = m.vocab.tokenize(chat, add_special=True, parse_special=True)
+                m.reset()
+                z = m.decode_batch([Part(0, p + t[:i], (-1,))])[0][0]
+                top2 = np.sort(z)[-2:]
+                print(f"{which} {r['request']} {r['system']}:{r['method']} parts at {i}: the target's token {t[i]} "
+                      f"vs {o[i]}, logit gap {z[t[i]] - z[o[i]]:.4f}, top-2 margin {top2[1] - top2[0]:.4f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
