@@ -10,6 +10,7 @@ tokens, a batch-shape near-tie (README, "Lossless means lossless").
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,15 +24,17 @@ import bench_lookup as B  # noqa: E402  (its request sets)
 
 
 def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("runs", nargs="+", type=Path, help="bench_lookup.py --json files")
+    ap.add_argument("--target", help="target GGUF (default: the catalog default pair's)")
+    a = ap.parse_args(argv)
     from easd_local.llamacpp.runtime import LoadOptions, Model, Part
     from easd_local.store.resolve import resolve_pair
 
-    if not argv:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
-    target = resolve_pair(None, None, None).target
+    target = resolve_pair(None, None, a.target).target
     with Model(target, LoadOptions(n_ctx=4096, n_threads=2)) as m:
-        for f in argv:
+        for f in a.runs:
             rows = [json.loads(line) for line in Path(f).read_text(encoding="utf-8").splitlines() if line.strip()]
             which = rows[0].get("set", "code")
             reqs = {q["id"]: q["text"] for q in B.load_requests(which, None)}

@@ -268,7 +268,7 @@ class Model(ModelFile):
         self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
         path = check_gguf_file(path)
-        heap.keep_freed_blocks()  # the controller's 600 KB row temporaries: no page faults each
+        heap.keep_freed_blocks()
         self.repack = repack.decide(path, requested=opts.extra_bufts, threads=opts.threads(),
                                     n_gpu_layers=opts.n_gpu_layers, rpc=bool(opts.rpc))
         crashnote.note(f"while loading {path.name} ({self._repack_words()})")
@@ -434,9 +434,8 @@ class Model(ModelFile):
         """Within it, ``decode_batch`` lends its rows instead of copying them: each part's rows
         are a numpy view over llama.cpp's own logits buffer (no copy out), valid until this
         model's next decode, which overwrites them. Whoever keeps a row past that copies it;
-        nobody writes into one. The borrower checks that each part's rows are finite
-        (``all_finite``), once, where it can fail just the sequence they belong to; the
-        decoding loop (``scheduler``) decodes this way."""
+        nobody writes into one; the borrower checks them (``all_finite``), once, where it can
+        fail just their sequence. The decoding loop (``scheduler``) decodes this way."""
         was, self._lend = self._lend, True
         try:
             yield
@@ -454,18 +453,7 @@ class Model(ModelFile):
         At most one part per sequence. A failed decode leaves every sequence as it was."""
         if self._ctx is None:
             raise RuntimeFailure(f"{self.path.name}: model is closed")
-        seen: set[int] = set()
-        starts: list[int] = []
-        wants: list[list[int]] = []
-        for p in parts:
-            if not 0 <= p.seq < self.n_seq:
-                raise ValueError(f"sequence {p.seq} out of range (the context holds {self.n_seq})")
-            if p.seq in seen:
-                raise ValueError(f"sequence {p.seq} appears twice in one batch")
-            seen.add(p.seq)
-            start = len(self._seqs[p.seq])
-            wants.append(_rows_wanted(p, start, self.n_ctx))
-            starts.append(start)
+        starts, wants = _plan(parts, self._seqs, self.n_ctx)
         crashnote.note(self._decode_note)
         # (part, token index, wanted row or -1) in batch order; a Ctrl-C that lands between
         # llama_decode returning and the bookkeeping below can leave cells the mirror does
@@ -589,6 +577,24 @@ def _context_params(opts: LoadOptions, n_ctx: int, n_seq: int):
     )
     cparams.no_perf = True
     return cparams
+
+
+def _plan(parts: Sequence[Part], seqs: list[list[int]], n_ctx: int) -> tuple[list[int], list[list[int]]]:
+    """Where each part starts in its sequence and the rows it wants; ValueError for a part of
+    an unknown sequence or a sequence twice in one batch."""
+    seen: set[int] = set()
+    starts: list[int] = []
+    wants: list[list[int]] = []
+    for p in parts:
+        if not 0 <= p.seq < len(seqs):
+            raise ValueError(f"sequence {p.seq} out of range (the context holds {len(seqs)})")
+        if p.seq in seen:
+            raise ValueError(f"sequence {p.seq} appears twice in one batch")
+        seen.add(p.seq)
+        start = len(seqs[p.seq])
+        wants.append(_rows_wanted(p, start, n_ctx))
+        starts.append(start)
+    return starts, wants
 
 
 def _rows_wanted(part: Part, start: int, n_ctx: int) -> list[int]:
