@@ -82,6 +82,10 @@ class Replay:
         self.at = 0
         self.replaying = False
         self.current: dict[int, tuple[np.ndarray, dict[int, int]]] = {}
+        # --cold: a buffer streamed through the caches before each replayed decode, as a CPU
+        # decode streams the weights; the seconds between decodes are summed in ``gaps``
+        self.cold: np.ndarray | None = None
+        self.gaps, self._back = 0.0, None
 
     def install(self) -> None:
         llama_cpp.llama_decode = self.decode
@@ -96,6 +100,11 @@ class Replay:
 
     def decode(self, ctx, batch) -> int:
         n = batch.n_tokens
+        if self.replaying and self.cold is not None:
+            if self._back is not None:
+                self.gaps += time.perf_counter() - self._back
+            self.cold += 1  # read and written: the caches hold it, not the controller's data
+            self._back = time.perf_counter()
         if self.replaying:
             rec = self.calls[self.at]
             self.at += 1
@@ -212,16 +221,31 @@ def run_prompts(pair, prompts, settings: dict, max_tokens: int) -> tuple[float, 
 
 def bench_mode(pair, replay: Replay, prompts, settings: dict, max_tokens: int, repeats: int,
                profile: int = 0) -> dict:
+    swept, replay.cold = replay.cold, None  # warm runs first
+    try:
+        return _bench_mode(pair, replay, prompts, settings, max_tokens, repeats, profile, swept)
+    finally:
+        replay.cold = swept
+
+
+def _bench_mode(pair, replay: Replay, prompts, settings: dict, max_tokens: int, repeats: int, profile: int,
+                swept: np.ndarray | None) -> dict:
     replay.calls.clear()
     replay.replaying = False
     _, tokens, live = run_prompts(pair, prompts, settings, max_tokens)  # the real generations, recorded
     replay.replaying = True
-    per_token = []
+    per_token, cold = [], []
     for _ in range(repeats):
         replay.rewind()
         s, n, _ = run_prompts(pair, prompts, settings, max_tokens)
         assert n == tokens, (n, tokens)
         per_token.append(1e6 * s / n)
+    for _ in range(repeats if swept is not None else 0):  # again, the caches swept before each decode
+        replay.rewind()
+        replay.cold, replay.gaps, replay._back = swept, 0.0, None
+        run_prompts(pair, prompts, settings, max_tokens)
+        replay.cold = None
+        cold.append(1e6 * replay.gaps / tokens)
     split = Split()
     split.install()
     try:
@@ -246,6 +270,7 @@ def bench_mode(pair, replay: Replay, prompts, settings: dict, max_tokens: int, r
         "us_per_token_median": round(statistics.median(per_token), 1),
         "split_us_per_token": {p: round(1e6 * split.seconds[p] / tokens, 1) for p in PARTS},
         "live_controller_us_per_token": round(1e6 * live / tokens, 1),
+        **({"cold_us_per_token": round(min(cold), 1)} if cold else {}),
     }
 
 
@@ -260,6 +285,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, help="replays per mode (default 10 on the tiny pair, else 5)")
     ap.add_argument("--threads", type=int, default=None, help="llama.cpp threads for the recording (default: all)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cold", type=int, default=0, metavar="MB",
+                    help="also replay with MB of memory streamed through the caches before each decode, as a CPU "
+                         "decode streams the weights, and print the controller's time between decodes (cold)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after each mode, print its N costliest functions in one replay under cProfile (stderr)")
     a = ap.parse_args()
@@ -287,6 +315,8 @@ def main() -> int:
     prompts = [pair.target.vocab.chat_tokens(build_messages(p.question))
                for p in load_dataset("gsm8k", limit=n_prompts)]
     replay = Replay({m._ctx: m.n_vocab for m in (pair.target, pair.draft)})
+    if a.cold > 0:
+        replay.cold = np.zeros(a.cold << 18, dtype=np.float32)  # MB of float32
     replay.install()
     out = {}
     try:
@@ -304,13 +334,14 @@ def main() -> int:
           f"{len(prompts)} GSM8K questions, up to {max_tokens} tokens, {repeats} replays; "
           f"load average {meta['loadavg']:.2f}")
     head = f"{'mode':8} {'tokens':>6} {'min us':>8} {'median':>8} " + " ".join(f"{p:>9}" for p in PARTS)
-    print(head + f" {'live':>8}")
+    print(head + f" {'live':>8}" + (f" {'cold':>8}" if a.cold > 0 else ""))
     for m, r in out.items():
         split = " ".join(f"{r['split_us_per_token'][p]:>9}" for p in PARTS)
         print(f"{m:8} {r['tokens']:>6} {r['us_per_token']:>8} {r['us_per_token_median']:>8} {split} "
-              f"{r['live_controller_us_per_token']:>8}")
+              f"{r['live_controller_us_per_token']:>8}" + (f" {r['cold_us_per_token']:>8}" if a.cold > 0 else ""))
     print("(us per generated token; split: one instrumented replay; live: seconds_controller / tokens of the "
-          "recorded generations)")
+          "recorded generations" + (f"; cold: the controller between replayed decodes, {a.cold} MB streamed through "
+                                    "the caches before each (min)" if a.cold > 0 else "") + ")")
     return 0
 
 
