@@ -1,6 +1,6 @@
 """A sampling distribution over a wide vocabulary kept as its support only: plain sampling
 (no top-k, no top-p) gives probability 0 to every token more than ``gate.TAIL_NATS`` below
-the best (``rules._tempered_softmax``): on rows of the default target at T = 0.7, about 70 %
+the best (``tempered``, which ``rules._tempered_softmax`` also uses): on rows of the default target at T = 0.7, about 70 %
 of the tokens on average (20 % on some rows). Held sparse, the SD test's p(d) and q(d), a sample, the residual max(0, p − q) and
 EASD's penalised p cost the support's size, not 152k-wide temporaries. Pure numpy.
 
@@ -99,14 +99,13 @@ class Sparse(NamedTuple):
         s = float(r.sum(dtype=np.float64))
         if not s > 0:
             return None
-        r *= r.dtype.type(1.0 / s) if r.dtype == np.float32 else 1.0 / s
+        r *= r.dtype.type(1.0 / s)
         return Sparse(self.ids, r, self.V)
 
 
 def tempered(z: np.ndarray, temperature: float) -> Sparse | None:
     """softmax(z / temperature) of one wide row over the tokens within ``TAIL_NATS`` (tempered)
-    of the best, as ``rules._tempered_softmax`` computes it; None when every token is kept
-    (the dense row is then no larger)."""
+    of the best; None when every token is kept (the dense row is then no larger)."""
     t = z.dtype.type(temperature)
     top = z.max()
     keep = np.flatnonzero(z >= top - TAIL_NATS * temperature)

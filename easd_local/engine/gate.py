@@ -71,12 +71,8 @@ def entropy(logits):
     with np.errstate(invalid="ignore"):  # 0 * -inf for masked logits, fixed below
         np.multiply(e, d, out=d)  # d is now e * d
     t = d.sum(axis=-1, dtype=np.float64)
-    bad = np.isnan(t)
-    if bad.any():  # 0 * (-inf) from masked (-inf) logits: recompute those rows safely
-        for i in np.flatnonzero(bad):
-            zi = z[i] - z[i].max()
-            ei = np.exp(zi)
-            t[i] = np.multiply(ei, zi, out=np.zeros_like(ei), where=ei > 0).sum(dtype=np.float64)
+    for i in np.flatnonzero(np.isnan(t)):
+        t[i] = _masked_t(z[i])
     h = np.log(s) - t / s
     return h[0] if squeeze else h
 
@@ -90,11 +86,16 @@ def _entropy_row(row: np.ndarray) -> float:
     with np.errstate(invalid="ignore"):  # 0 * -inf for masked logits, fixed below
         np.multiply(e, d, out=d)
     t = d.sum(dtype=np.float64)
-    if np.isnan(t):  # 0 * (-inf) from masked (-inf) logits: without them
-        zi = row - row.max()
-        ei = np.exp(zi)
-        t = np.multiply(ei, zi, out=np.zeros_like(ei), where=ei > 0).sum(dtype=np.float64)
+    if np.isnan(t):
+        t = _masked_t(row)
     return float(np.log(s) - t / s)
+
+
+def _masked_t(row: np.ndarray) -> np.float64:
+    """``sum(e * d)`` of a row whose masked (-inf) logits made it NaN (0 * -inf): without them."""
+    zi = row - row.max()
+    ei = np.exp(zi)
+    return np.multiply(ei, zi, out=np.zeros_like(ei), where=ei > 0).sum(dtype=np.float64)
 
 
 # top-N sets look for their candidates among the blocks of this many logits with the largest maxima

@@ -30,7 +30,7 @@ from .dist import Sparse
 # where an emitted token came from (defined with the events; the rules produce them)
 from .events import BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET
 # the gate's quantities and its predicate, under the names the rules have always had
-from .gate import TAIL_NATS, Gate, Reading, _rows, _top_n_sets, entropy, sets_overlap, top_n_overlap, top_n_sets
+from .gate import Gate, Reading, _rows, _top_n_sets, entropy, sets_overlap, top_n_overlap, top_n_sets
 from .gate import opens as gate
 
 __all__ = [
@@ -67,15 +67,6 @@ __all__ = [
 # mass is the whole row sorted. The result is identical either way (up to tie order).
 _NUCLEUS_CANDIDATES = 1024
 
-# Plain sampling (no top-k, no top-p) gives probability 0 to the tokens whose tempered logit is
-# more than ``gate.TAIL_NATS`` below the best one (at T = 0.7 about 70 % of a real row's
-# tokens on average, measured on the default target's rows): each would have at most e^-30 of the best
-# token's probability, all together at most 1.4e-8 of the mass at 152k tokens, below what a
-# float32 probability resolves.
-_TAIL_NATS = TAIL_NATS
-
-# rows wider than this may be held sparse (``distribution``)
-_SAMPLE_BLOCK = dist.SAMPLE_BLOCK
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -126,6 +117,20 @@ def _top_p_mask(p: np.ndarray, top_p: float) -> np.ndarray:
     return _nucleus(p, top_p, total) > 0
 
 
+def _check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    if not (temperature > 0) or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    if not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+
+
+def _plain(top_k: int, top_p: float, V: int) -> bool:
+    """Whether checked settings sample from the tempered softmax alone (no top-k, no top-p)."""
+    return not 0 < top_k < V and top_p >= 1.0
+
+
 def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.0):
     """The distribution a token is sampled from, in llama.cpp's default sampler order:
 
@@ -144,15 +149,10 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
 
     Returns float32 for float32 input (float64 for float64 input), shape as ``logits``.
     """
-    if not (temperature > 0) or not math.isfinite(temperature):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
-    if not (0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    _check_sampling(temperature, top_k, top_p)
     z, squeeze = _rows(logits)
     k, V = z.shape
-    if not 0 < top_k < V and top_p >= 1.0:
+    if _plain(top_k, top_p, V):
         out = np.stack([_tempered_softmax(row, temperature) for row in z]) if k != 1 else \
             _tempered_softmax(z[0], temperature)[None, :]
         return out[0] if squeeze else out
@@ -176,35 +176,30 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
 
 
 def _tempered_softmax(z: np.ndarray, temperature: float) -> np.ndarray:
-    """softmax(z / temperature) of one row (float32 or float64 as z), the tokens more than
-    ``_TAIL_NATS`` below the best (tempered) given exactly 0. The same operations as
-    ``_softmax(z / temperature)``, on the tokens kept: where none is dropped, the same bits."""
+    """softmax(z / temperature) of one row (float32 or float64 as z). A row wider than
+    ``dist.SAMPLE_BLOCK``: ``dist.tempered``'s, dense (the tokens more than ``gate.TAIL_NATS``
+    below the best given exactly 0: at T = 0.7 about 70 % of a real row's tokens on average,
+    each with at most e^-30 of the best's probability, together at most 1.4e-8 of the mass at
+    152k tokens). Where none is dropped, the operations and bits of ``_softmax(z / temperature)``."""
+    if z.size > dist.SAMPLE_BLOCK:
+        sp = dist.tempered(z, temperature)
+        if sp is not None:
+            return sp.dense()
     t = z.dtype.type(temperature)
-    top = z.max()
-    m = top / t  # = max(z / t): division by t > 0 keeps the order
-    keep = np.flatnonzero(z >= top - _TAIL_NATS * temperature) if z.size > _SAMPLE_BLOCK else None
-    if keep is None or keep.size == z.size:
-        e = z / t if temperature != 1.0 else z.copy()
-        e -= m
-        np.exp(e, out=e)
-        e *= (1.0 / e.sum(dtype=np.float64)).astype(e.dtype)
-        return e
-    e = z[keep] / t if temperature != 1.0 else z[keep]
-    e -= m
+    e = z / t if temperature != 1.0 else z.copy()
+    e -= z.max() / t  # = max(z / t): division by t > 0 keeps the order
     np.exp(e, out=e)
     e *= (1.0 / e.sum(dtype=np.float64)).astype(e.dtype)
-    out = np.zeros_like(z)
-    out[keep] = e
-    return out
+    return e
 
 
 def distribution(z_row: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0):
     """``sampling_probs`` of one row, for the rules' own use: a ``dist.Sparse`` where plain
     sampling leaves most of a wide row at probability 0, else the dense row. ``sample``,
     ``residual``, ``residual_point``, ``penalize`` and ``prob`` take either."""
+    _check_sampling(temperature, top_k, top_p)
     z = np.asarray(z_row)
-    if z.ndim == 1 and z.size > _SAMPLE_BLOCK and top_p >= 1.0 and not 0 < top_k < z.size \
-            and temperature > 0 and math.isfinite(temperature):
+    if z.ndim == 1 and z.size > dist.SAMPLE_BLOCK and _plain(top_k, top_p, z.size):
         sp = dist.tempered(z, temperature)
         if sp is not None:
             return sp
