@@ -2,8 +2,8 @@
 
 Every logits row the controller works on is 600 KB at a real vocabulary (151,936 float32),
 and glibc serves a block that large with a fresh ``mmap``, so each numpy temporary of a row
-is paid again in page faults, more than the arithmetic done in it (measured: the entropy of
-a row 1.2 ms, 0.4 ms without; a tempered softmax 1.9 ms, 0.7 ms). Raising the mmap threshold
+is paid again in page faults, which cost more than the arithmetic done in it (docs/controller.md,
+session 20). Raising the mmap threshold
 to 16 MB, and the trim threshold with it, lets those blocks be reused from the heap. The
 model's weights and llama.cpp's large buffers stay mmapped. Elsewhere than glibc: nothing.
 """

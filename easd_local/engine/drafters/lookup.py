@@ -23,8 +23,7 @@ from .policy import AcceptanceBook
 
 MAX_MATCH = 32  # a match is measured back this far at most (confidence saturates well before)
 # n-gram lengths indexed above ``spec_ngram_size_n``: the lookup tries the longest first, so
-# that of two earlier places the one that matches more of the text is followed (replayed
-# along the bench's texts at this machine's verify costs: 1.20x -> 1.24x on code edits)
+# that of two earlier places the one that matches more of the text is followed
 LONGER = (3, 4, 6, 8, 12, 16)
 
 
