@@ -29,6 +29,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="bench_lookup.py --json files")
     ap.add_argument("--target", help="target GGUF (default: the catalog default pair's)")
     a = ap.parse_args(argv)
+    for f in a.runs:
+        if not f.is_file():
+            ap.error(f"{f}: no such file (a bench_lookup.py --json output)")
     from easd_local.llamacpp.runtime import LoadOptions, Model, Part
     from easd_local.store.resolve import resolve_pair
 

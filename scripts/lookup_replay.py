@@ -50,6 +50,9 @@ def main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("runs", nargs="+", type=Path, help="bench_lookup.py --json files")
     a = ap.parse_args(argv)
+    for f in a.runs:
+        if not f.is_file():
+            ap.error(f"{f}: no such file (a bench_lookup.py --json output)")
     from easd_local.engine.drafters.policy import AcceptanceBook, extend_costs
     from easd_local.llamacpp.runtime import ModelFile
     from easd_local.pairscore.lookup import K_MAX, simulate
