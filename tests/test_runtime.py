@@ -452,3 +452,34 @@ def test_missing_tensor_names_the_tensor(tmp_path, tiny_spec):
     msg = str(ei.value)
     assert msg.startswith(f"{path}: ") and msg.endswith("tensor 'output_norm.weight' not found"), msg
     assert "\n" not in msg and "=" not in msg
+
+
+def test_a_decode_interrupted_before_its_bookkeeping_leaves_no_stray_cells(tiny_target, monkeypatch):
+    """A Ctrl-C between llama_decode returning and the mirror's update leaves cells the mirror
+    does not know; the sequence's next decode (or rollback) clears them first, so it scores
+    as on a clean cache."""
+    with Model(tiny_target, LoadOptions(n_ctx=64, n_threads=1)) as clean:
+        clean.decode([65, 66], logits_at=())
+        ref = clean.decode([67, 68, 69], logits_at=(-1,))
+    with Model(tiny_target, LoadOptions(n_ctx=64, n_threads=1)) as m:
+        m.decode([65, 66], logits_at=())
+        real = runtime._logits_view
+
+        def interrupted(*a):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(runtime, "_logits_view", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            m.decode([90, 91, 92], logits_at=(-1,))  # in the cells, not in the mirror
+        monkeypatch.setattr(runtime, "_logits_view", real)
+        assert m.n_past == 2
+        z = m.decode([67, 68, 69], logits_at=(-1,))
+        np.testing.assert_allclose(z, ref, atol=1e-3)  # (the cells may sit at other indices)
+        # the same through a rollback that asks for nothing past the mirror
+        m.rollback(5)
+        monkeypatch.setattr(runtime, "_logits_view", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            m.decode([90, 91], logits_at=(-1,))
+        monkeypatch.setattr(runtime, "_logits_view", real)
+        m.rollback(5)  # nothing of the mirror to drop: the stray cells go all the same
+        assert m.decode([70], logits_at=(-1,)).shape == (1, m.n_vocab)

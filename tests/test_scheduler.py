@@ -361,6 +361,37 @@ def test_a_failure_in_one_sequence_leaves_the_others(pair, monkeypatch):
         solo(pair, prompts[0], cfg, 0)
 
 
+@pytest.mark.parametrize("mode,which", [("target", "target"), ("sd", "target"), ("sd", "draft")])
+@pytest.mark.parametrize("poison", ["nan", "+inf", "all -inf"])
+def test_greedy_rows_are_checked_by_their_argmax(pair, monkeypatch, mode, which, poison):
+    """Greedy without a gate reads its rows through rules.best alone (the scheduler skips its
+    own pass): a NaN, a +inf or a row without a finite logit still fails the sequence, naming
+    the model the row came from; the other sequence finishes."""
+    prompts = prompts_of(pair)
+    cfg = cfg_of(mode, max_tokens=16)
+    model = pair.target if which == "target" else pair.draft
+    orig = type(pair.target).decode_batch
+
+    def poisoned(self, parts):
+        out = orig(self, parts)
+        for p, z in zip(parts, out):
+            if self is model and p.seq == 1 and len(z) and self.seq_len(1) > len(prompts[1]) + 4:
+                if poison == "nan":
+                    z[-1, 3] = np.nan
+                elif poison == "+inf":
+                    z[:, 5] = np.inf
+                else:
+                    z[:] = -np.inf
+        return out
+
+    monkeypatch.setattr(type(pair.target), "decode_batch", poisoned)
+    got = batch(pair, [Request(p, cfg, reuse_cache=False) for p in prompts[:2]], n=2)
+    monkeypatch.undo()
+    assert isinstance(got[0][0], Finished)
+    assert isinstance(got[1][0], Failed), got[1][0]
+    assert got[1][0].message.startswith(f"{model.path}: the model produced NaN or infinite logits")
+
+
 def test_submit_refuses_bad_requests_at_once(pair):
     sched = Scheduler(pair, 2)
     with pytest.raises(ConfigError, match="gamma"):

@@ -41,6 +41,8 @@ __all__ = [
     "gate",
     "sampling_probs",
     "greedy",
+    "best",
+    "NonFiniteRow",
     "runner_up",
     "sd_accept",
     "residual",
@@ -211,6 +213,23 @@ def prob(p, token: int) -> float:
 
 
 # ------------------------------------------------------------------ token-level rules
+
+
+class NonFiniteRow(ValueError):
+    """A row of logits that holds a NaN or a +inf, or no finite logit, met by ``best``. The
+    scheduler names the model whose rows the step had just been sent
+    (``runtime.non_finite_logits``)."""
+
+
+def best(row: np.ndarray) -> int:
+    """The first maximum of one row (as ``np.argmax``), the row's finiteness checked on the
+    way: argmax stops on the first NaN, picks a +inf, and lands on a -inf only when the row
+    has no finite logit, so the winner is finite exactly when ``runtime.all_finite`` holds.
+    A greedy step that reads its rows through this alone needs no other pass over them."""
+    i = int(row.argmax())
+    if not math.isfinite(row[i]):
+        raise NonFiniteRow("the model produced NaN or infinite logits")
+    return i
 
 
 def greedy(logits):
@@ -420,20 +439,20 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     # figures are computed when a position first needs them, so the rows after the first
     # rejection (or gate) cost nothing.
     if cfg.greedy:
-        def best(i: int) -> int:
-            return int(zt[i].argmax())  # the first maximum, as greedy()
+        def top(i: int) -> int:
+            return best(zt[i])  # the first maximum, as greedy(); the row checked
 
         def accepts(i: int, di: int) -> bool:
-            return di == best(i)
+            return di == top(i)
 
         def on_reject(i: int, di: int) -> int:
-            return best(i)
+            return top(i)
 
         def on_gate(i: int, di: int) -> int:
             return runner_up(zt[i], di)
 
         def on_bonus() -> int:
-            return best(g)
+            return top(g)
     else:
         T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
         p_rows: dict[int, np.ndarray] = {}
@@ -481,7 +500,7 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
 
 def _emit_from_p(z_t: np.ndarray, cfg: DecodeConfig, rng: np.random.Generator) -> int:
     if cfg.greedy:
-        return greedy(z_t)
+        return best(z_t)
     return sample(distribution(z_t, cfg.temperature, cfg.top_k, cfg.top_p), rng)
 
 

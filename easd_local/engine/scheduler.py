@@ -63,6 +63,7 @@ from .config import DecodeConfig
 from .events import Finished, TokenEvent, fits_context
 from ..errors import ConfigError, ContextOverflowError, EasdError
 from .pair import Pair
+from .rules import NonFiniteRow
 from ..llamacpp.runtime import Model, Part, all_finite, non_finite_logits
 from .sequence import Seq as _Seq  # one sequence's state (the name this module has always used)
 from .steps import STEPS, StepGen
@@ -270,12 +271,15 @@ class Scheduler:
                 out.append((s.rid, s.finished()))
         return out
 
-    def _advance(self, s: _Seq, step: StepGen, z: np.ndarray | None, waiting: dict, out: list) -> None:
-        """Run ``s``'s step on to its next ask (sending it ``z``), or to its end."""
+    def _advance(self, s: _Seq, step: StepGen, z: np.ndarray | None, waiting: dict, out: list,
+                 source: Model | None = None) -> None:
+        """Run ``s``'s step on to its next ask (sending it ``z``, ``source``'s rows), or to its end."""
         try:
             model, part = step.send(z)
         except StopIteration:
             model = None
+        except NonFiniteRow as e:  # a row read by rules.best: the rows just sent
+            model = non_finite_logits(source.path) if source is not None else e
         except (EasdError, ValueError, FloatingPointError) as e:
             model = e
         if s.events:  # what the step emitted, before anything else about the sequence
@@ -316,11 +320,12 @@ class Scheduler:
             return
         for s, (step, _, _), z in zip(batch, steps, zs):
             z = z[:, : self.V]
-            if not all_finite(z):  # lent rows: the runtime left this check to us, per sequence
+            # lent rows: the runtime left this check to us, per sequence (or to rules.best)
+            if not s.rows_checked_by_argmax and not all_finite(z):
                 step.close()
                 self._fail(s, non_finite_logits(model.path), out)
                 continue
-            self._advance(s, step, z, waiting, out)
+            self._advance(s, step, z, waiting, out, model)
 
     def _fail(self, s: _Seq, e: BaseException, out: list) -> None:
         self._release(s, clear=True)

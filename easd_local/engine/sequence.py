@@ -40,6 +40,9 @@ class Seq:
         self.mode = cfg.mode
         self.gate = Gate.of(cfg)
         self.gate_on = self.gate.can_fire
+        # greedy without a gate reads every row through ``rules.best`` alone, which checks it:
+        # the scheduler spares these rows its own pass (a pass over 152k logits a row)
+        self.rows_checked_by_argmax = cfg.greedy and not self.gate_on
         self.rng = rules.make_rng(cfg.seed if req.rng_seed is None else req.rng_seed)
         self.eog = set(main.vocab.eog_ids()) | set(req.stop_tokens)
         self.detok = Detokenizer(main.vocab)
@@ -65,7 +68,7 @@ class Seq:
         """A token from one row of logits, as this sequence's settings say (one draw when sampling)."""
         cfg = self.cfg
         if cfg.greedy:
-            return int(z.argmax())  # the first maximum, as np.argmax (without its wrapper)
+            return rules.best(z)  # the first maximum, as np.argmax; the row checked
         return rules.sample(rules.distribution(z, cfg.temperature, cfg.top_k, cfg.top_p), self.rng)
 
     def accept(self, picks: list[Pick]) -> int:

@@ -267,6 +267,9 @@ class Model(ModelFile):
         self.n_seq = max(1, int(opts.n_seq))
         self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
+        # sequences whose cells may hold what their mirror lacks (a decode that did not reach
+        # its bookkeeping: a Ctrl-C, an error); their next decode clears past the mirror first
+        self._unsure: set[int] = set()
         path = check_gguf_file(path)
         heap.keep_freed_blocks()
         self.repack = repack.decide(path, requested=opts.extra_bufts, threads=opts.threads(),
@@ -360,14 +363,15 @@ class Model(ModelFile):
         if n < 0:
             raise ValueError("rollback position must be >= 0")
         mirror = self._seqs[seq]
-        if n >= len(mirror):
+        if n >= len(mirror) and seq not in self._unsure:
             return
-        if not self._seq_rm(seq, n):
+        if not self._seq_rm(seq, min(n, len(mirror))):  # unsure: unknown cells lie past the mirror
             raise RuntimeFailure(
                 f"{self.path.name}: llama.cpp cannot roll its KV cache back to position {n} "
                 f"(architecture '{self.architecture}' keeps recurrent state); speculative decoding needs a "
                 "transformer whose cache can be truncated"
             )
+        self._unsure.discard(seq)
         del mirror[n:]
 
     def reset(self) -> None:
@@ -375,6 +379,7 @@ class Model(ModelFile):
         _ll.llama_memory_clear(self._mem, True)
         for mirror in self._seqs:
             mirror.clear()
+        self._unsure.clear()
 
     def reset_seq(self, seq: int) -> None:
         """Empty sequence ``seq`` only."""
@@ -457,12 +462,15 @@ class Model(ModelFile):
         crashnote.note(self._decode_note)
         # (part, token index, wanted row or -1) in batch order; a Ctrl-C that lands between
         # llama_decode returning and the bookkeeping below can leave cells the mirror does
-        # not know about: clear them before writing
+        # not know about: clear them before writing (``_unsure``: only then, a call into
+        # llama.cpp that walks every cell spared on every other decode)
         flat: list[tuple[int, int, int]] = []
         for k, (p, want) in enumerate(zip(parts, wants)):
             if not p.tokens:
                 continue
-            self._seq_rm(p.seq, starts[k])
+            if p.seq in self._unsure:
+                self._seq_rm(p.seq, starts[k])
+            self._unsure.add(p.seq)
             row_of = {idx: r for r, idx in enumerate(want)}
             flat.extend((k, j, row_of.get(j, -1)) for j in range(len(p.tokens)))
         lend = self._lend and len(flat) <= self.n_batch
@@ -488,6 +496,7 @@ class Model(ModelFile):
                 raise non_finite_logits(self.path)
         for p in parts:
             self._seqs[p.seq].extend(p.tokens)
+            self._unsure.discard(p.seq)
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
 
 def non_finite_logits(path) -> NonFiniteLogitsError:
