@@ -239,20 +239,24 @@ def test_a_pair_kept_across_generations_starts_each_sequence_afresh(target, spec
 
 def test_the_model_drafter_keeps_its_rows_only_where_the_verify_reads_them(target, tiny_draft, monkeypatch):
     """Greedy sd reads no draft row (its proposal is tokens: a copy of each 152k-wide row is
-    spared); sampled sd (q) and easd (the gate) get one row per drafted token."""
+    spared); sampled sd gets the q each token was drawn from (not its row: q is not computed
+    twice), easd one row per drafted token (the gate), and sampled easd both."""
     draft = Model(tiny_draft, LoadOptions(n_ctx=512, n_threads=1))
     seen: list[object] = []
     real = R.verify
 
-    def spy(drafts, rows, *a, **kw):
-        seen.append(None if rows is None else len(rows) == len(drafts))
-        return real(drafts, rows, *a, **kw)
+    def spy(drafts, rows, *a, q_draft=None, **kw):
+        seen.append((None if rows is None else len(rows) == len(drafts),
+                     None if q_draft is None else len(q_draft) == len(drafts)))
+        return real(drafts, rows, *a, q_draft=q_draft, **kw)
 
     monkeypatch.setattr(R, "verify", spy)
     try:
         prompt = target.vocab.tokenize(REPEATS[1])
-        for kw, want in ((dict(mode="sd"), {None}), (dict(mode="sd", temperature=0.8), {True}),
-                         (dict(mode="easd", tau_draft=0.0, tau_target=0.0), {True})):
+        gate = dict(tau_draft=0.0, tau_target=0.0)
+        for kw, want in ((dict(mode="sd"), {(None, None)}), (dict(mode="sd", temperature=0.8), {(None, True)}),
+                         (dict(mode="easd", **gate), {(True, None)}),
+                         (dict(mode="easd", temperature=0.8, **gate), {(True, True)})):
             seen.clear()
             target.reset()
             draft.reset()

@@ -378,7 +378,8 @@ class Pick(NamedTuple):
 _NO_READING = Reading()
 
 
-def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng: np.random.Generator) -> list[Pick]:
+def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng: np.random.Generator,
+           q_draft=None) -> list[Pick]:
     """One SD verification of a drafted block, gated by ``gate_`` (EASD; a gate that cannot
     fire is plain SD): the tokens it emits, in order.
 
@@ -391,7 +392,10 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     a point mass q = δ_d. The SD test then accepts d with probability p(d) and a rejection
     samples norm(max(0, p − δ_d)), p without d: the emitted token still follows p exactly
     (P(d) = p(d); P(x ≠ d) = (1 − p(d)) · p(x) / (1 − p(d))), so SD stays lossless. Such a
-    block cannot be gated (the gate reads the draft's entropy).
+    block cannot be gated (the gate reads the draft's entropy). ``q_draft``: the g
+    distributions the drafts were sampled from (``distribution`` of each draft row, dense or
+    ``dist.Sparse``), given by a drafter that kept them: the SD test's q, not computed again
+    from the rows (which may then be None: an ungated block).
 
     Greedy (``cfg.temperature == 0``): accept draft i while it equals argmax z_t[i];
     the first mismatch is replaced by that argmax (RESAMPLED). Sampling: accept with
@@ -422,10 +426,12 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     V = zt.shape[-1]
     if zt.shape[0] != g + 1:
         raise ValueError(f"z_target must have g+1 = {g + 1} rows, got {zt.shape[0]}")
-    point = z_draft is None  # point-mass proposals (a lookup drafter)
-    if point and gate_.can_fire:
+    if z_draft is None and gate_.can_fire:
         raise ValueError("the EASD gate needs the draft's distributions; a lookup proposal has none")
-    if point:
+    if q_draft is not None and len(q_draft) != g:
+        raise ValueError(f"q_draft must have g = {g} distributions, got {len(q_draft)}")
+    point = z_draft is None and q_draft is None  # point-mass proposals (a lookup drafter)
+    if z_draft is None:
         zd = None
     elif isinstance(z_draft, (list, tuple)):  # the drafter's rows, one array each: not stacked
         if len(z_draft) != g:
@@ -456,7 +462,7 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     else:
         T, K, P = cfg.temperature, cfg.top_k, cfg.top_p
         p_rows: dict[int, np.ndarray] = {}
-        q_rows: dict[int, np.ndarray] = {}
+        q_rows: dict[int, np.ndarray] = dict(enumerate(q_draft)) if q_draft is not None else {}
 
         def p(i: int) -> np.ndarray:
             if i not in p_rows:
@@ -486,7 +492,7 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
         if not accepts(i, di):
             picks.append(Pick(on_reject(i, di), RESAMPLED, Reading()))
             return picks
-        r = _NO_READING if point else gate_.read_lazily(zd[i], zt[i])
+        r = _NO_READING if zd is None else gate_.read_lazily(zd[i], zt[i])
         if r.open:
             picks.append(Pick(on_gate(i, di), EASD, r))
             return picks

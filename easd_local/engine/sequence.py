@@ -71,6 +71,14 @@ class Seq:
             return rules.best(z)  # the first maximum, as np.argmax; the row checked
         return rules.sample(rules.distribution(z, cfg.temperature, cfg.top_k, cfg.top_p), self.rng)
 
+    def draw(self, z: np.ndarray):
+        """``sample``'s token and the distribution it was drawn from (None when greedy)."""
+        cfg = self.cfg
+        if cfg.greedy:
+            return rules.best(z), None
+        q = rules.distribution(z, cfg.temperature, cfg.top_k, cfg.top_p)
+        return rules.sample(q, self.rng), q
+
     def accept(self, picks: list[Pick]) -> int:
         """Emit ``picks`` in order until the token budget runs out or an end-of-generation
         token is emitted (then the sequence is done); return how many were emitted."""

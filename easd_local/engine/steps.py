@@ -70,7 +70,7 @@ class SpecStep(Step):
         drafts = prop.tokens
         z_target = yield s.main, Part(s.slot, [s.seq[-1], *drafts], range(len(drafts) + 1))
         # the drafter's rows as a list, not stacked; None: point masses (a lookup)
-        picks = rules.verify(drafts, prop.rows, z_target, s.cfg, s.gate, s.rng)
+        picks = rules.verify(drafts, prop.rows, z_target, s.cfg, s.gate, s.rng, q_draft=prop.dists)
         if prop.origin != DRAFT:
             picks = [p._replace(origin=prop.origin) if p.origin == DRAFT else p for p in picks]
         kept = s.accept(picks)

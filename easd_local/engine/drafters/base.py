@@ -26,15 +26,18 @@ DraftGen = Generator[Ask, np.ndarray, "Proposal"]
 
 @dataclass
 class Proposal:
-    """One drafting round: the tokens to verify, in the target's vocabulary, and the logits
-    row each was picked from (``rows``), or None where the drafter has no distribution:
-    each token is then a point mass (``rules.verify``). ``origin`` is what an accepted one
-    is called (``events.DRAFT`` or ``events.LOOKUP``)."""
+    """One drafting round: the tokens to verify, in the target's vocabulary; the logits row
+    each was picked from (``rows``: what the EASD gate reads), and the distribution each was
+    sampled from (``dists``: the SD test's q, so that the verify does not compute it again),
+    each None where the drafter has none or the verify will not read it. With neither, each
+    token is a point mass (``rules.verify``). ``origin`` is what an accepted one is called
+    (``events.DRAFT`` or ``events.LOOKUP``)."""
 
     tokens: list[int]
     rows: list[np.ndarray] | None
     origin: str
     drafter: "Drafter | None" = field(default=None, repr=False)  # who proposed it (told of the outcome)
+    dists: list | None = None  # rules.distribution of each token's row (sampling only)
 
 
 def looked_up(drafter: "Drafter", tokens: list[int], draft_min: int) -> Proposal:

@@ -53,9 +53,11 @@ class ModelDrafter:
         self.counters.calls += 1
         tokens: list[int] = []
         rows: list[np.ndarray] = []
-        # the verify reads the draft's rows only to sample (q) or for the gate: greedy sd's
-        # proposal is its tokens (each a point mass: the same greedy rule), and no row is copied
-        keep_rows = s.gate.can_fire or not s.cfg.greedy
+        dists: list = []  # the q each token was sampled from (sampling): the verify's q
+        # the verify reads the draft's rows only for the gate: greedy sd's proposal is its
+        # tokens (each a point mass: the same greedy rule), sampled sd's its tokens and their
+        # q, and no row is copied
+        keep_rows = s.gate.can_fire
         pending = s.seq[self.model.seq_len(s.slot):]
         n_max = min(n_max, s.cfg.gamma)
         while len(tokens) < n_max:
@@ -64,16 +66,19 @@ class ModelDrafter:
             p_min = s.cfg.draft_p_min
             if p_min > 0.0 and top_probability(z) < p_min:
                 break
-            d = s.sample(z)
+            d, q = s.draw(z)
             tokens.append(d)
             if keep_rows:
                 rows.append(z.copy())  # a lent row: the next round's decode overwrites it
+            if q is not None:
+                dists.append(q)  # its own arrays, not the lent row's
             if d in s.eog:
                 break
             pending = [d]
         if len(tokens) < s.cfg.draft_min:
-            tokens, rows = [], []
-        return Proposal(tokens, rows if keep_rows else None, DRAFT, self)
+            tokens, rows, dists = [], [], []
+        return Proposal(tokens, rows if keep_rows else None, DRAFT, self,
+                        dists if not s.cfg.greedy else None)
 
     def consult(self, s: Seq) -> Generator[Ask, np.ndarray, np.ndarray]:
         """One round: catch up with ``s.seq`` and return the logits after its last token."""
