@@ -82,8 +82,12 @@ def test_records_cover_exactly_the_text_sent(texts, stops, tail):
         stopped.feed(t)
         if stopped.stopped:
             break
-    assert n == (fed if stopped.stopped else len(texts))
-    full = texts[:n] if stopped.stopped else texts[:-1] + [texts[-1] + tail] if texts else []
+    ran_out = not stopped.stopped
+    if ran_out:  # the end of generation: the tail, then what was held back, which may hold a stop
+        stopped.feed(tail)  # (texts " ", "a" with stops "a", " aa": " a" is held for " aa", then cut at "a")
+        stopped.flush()
+    assert n == fed
+    full = texts[:-1] + [texts[-1] + tail] if ran_out and texts else texts[:n]
     for i in range(n):  # a token's parts are a prefix of its own text
         assert full[i].startswith("".join(r["text"] for r in recs if r["i"] == i))
     if not stopped.stopped:
