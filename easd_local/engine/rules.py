@@ -531,7 +531,7 @@ def target_first(z_target_row, z_draft_row, cfg: DecodeConfig, gate_: Gate, rng:
     if z_draft_row is None:
         return Pick(_emit_from_p(z_t, cfg, rng), TARGET, Reading(math.nan, h_target))
     z_d = np.asarray(z_draft_row)
-    r = gate_.read(z_d, z_t, h_target)
+    r = gate_.read(z_d, z_t, h_target, deciding=True)
     if not r.open:
         return Pick(_emit_from_p(z_t, cfg, rng), TARGET, r)
     if cfg.greedy:
