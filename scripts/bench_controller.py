@@ -4,7 +4,7 @@
 Each mode's generations are first run for real (``decoding.generate``), and every
 ``llama_decode`` call is recorded with the logits rows it produced. They are then replayed many
 times: ``llama_decode`` becomes a stub that puts the recorded rows where llama.cpp keeps its
-logits (``llama_get_logits_ith`` / ``llama_get_logits`` point at them), so everything else runs
+logits (``llama_get_logits_ith``, the runtime's ``logits_address``, point at them), so everything else runs
 as in a real generation: the runtime's batch filling and its reading of the logits rows (the
 copies or views), the rules, the gate, the steps, the scheduler and the events. What is timed
 is ``seconds_controller`` as ``generate --json`` reports it: everything outside
@@ -54,6 +54,7 @@ from easd_local.bench.prompt import build_messages  # noqa: E402
 from easd_local.engine import decoding  # noqa: E402
 from easd_local.engine.config import DecodeConfig  # noqa: E402
 from easd_local.engine.pair import load_pair  # noqa: E402
+from easd_local.llamacpp import runtime  # noqa: E402
 from easd_local.llamacpp.runtime import LoadOptions  # noqa: E402
 
 # label -> the settings of that run (greedy unless said; default thresholds)
@@ -77,7 +78,8 @@ class Replay:
 
     def __init__(self, n_vocab: dict[int, int]) -> None:
         self.n_vocab = n_vocab  # context address -> row width
-        self.real = (llama_cpp.llama_decode, llama_cpp.llama_get_logits_ith, llama_cpp.llama_get_logits)
+        self.real = (llama_cpp.llama_decode, llama_cpp.llama_get_logits_ith, llama_cpp.llama_get_logits,
+                     runtime.logits_address)
         self.calls: list[tuple] = []  # (ctx, n_tokens, first token, last token, rows (n, V), {batch index: row})
         self.at = 0
         self.replaying = False
@@ -91,9 +93,11 @@ class Replay:
         llama_cpp.llama_decode = self.decode
         llama_cpp.llama_get_logits_ith = self.logits_ith
         llama_cpp.llama_get_logits = self.logits
+        runtime.logits_address = self.logits_address
 
     def uninstall(self) -> None:
-        llama_cpp.llama_decode, llama_cpp.llama_get_logits_ith, llama_cpp.llama_get_logits = self.real
+        llama_cpp.llama_decode, llama_cpp.llama_get_logits_ith, llama_cpp.llama_get_logits = self.real[:3]
+        runtime.logits_address = self.real[3]
 
     def rewind(self) -> None:
         self.at = 0
@@ -129,6 +133,12 @@ class Replay:
             return self.real[1](ctx, j)
         rows, where = self.current[ctx]
         return ctypes.cast(rows.ctypes.data + where[j] * rows.shape[1] * 4, _FLOAT_P)
+
+    def logits_address(self, ctx, j):  # the runtime's own getter (an int address)
+        if not self.replaying:
+            return self.real[3](ctx, j)
+        rows, where = self.current[ctx]
+        return rows.ctypes.data + where[j] * rows.shape[1] * 4
 
     def logits(self, ctx):
         if not self.replaying:

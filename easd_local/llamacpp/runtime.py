@@ -48,6 +48,23 @@ from .gguf_info import file_type_name
 from .vocab import Vocab
 
 
+def _address_getter(name: str):
+    """llama.cpp's ``float * name(ctx, int32_t)`` bound afresh, returning the address as an int
+    (None for NULL): llama-cpp-python's binding returns a ctypes pointer whose ``cast`` to an
+    address cost more than the call itself, once per decode."""
+    shared = getattr(_ll, name)
+    lib = getattr(getattr(_ll, "llama_cpp", None), "_lib", None)
+    if lib is None:  # pragma: no cover - another llama-cpp-python layout: cast each pointer
+        return lambda ctx, j: ctypes.cast(shared(ctx, j), ctypes.c_void_p).value
+    own = type(shared)((name, lib))
+    own.argtypes, own.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
+    return own
+
+
+# the address of the logits row of batch index j (after synchronising with the backend)
+logits_address = _address_getter("llama_get_logits_ith")
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
     """Length of the longest common prefix of ``a`` and ``b``; the caller may vouch that the
     first ``start`` items already agree."""
@@ -521,16 +538,28 @@ class _Rows:
 
 
 def _logits_addr(ctx, name: str, j: int) -> int:
-    addr = ctypes.cast(_ll.llama_get_logits_ith(ctx, j), ctypes.c_void_p).value
+    addr = logits_address(ctx, j)
     if not addr:
         raise RuntimeFailure(f"{name}: llama.cpp returned no logits for batch index {j}")
     return addr
 
 
+_views: dict[tuple[int, int, int], np.ndarray] = {}  # (address, rows, width) -> a view there
+
+
 def _logits_view(ctx, name: str, n_vocab: int, j: int, n: int) -> np.ndarray:
     """A (n, n_vocab) view over llama.cpp's logits of batch index j and the n - 1 output
-    rows after it (rows of one decode lie one after another in batch order)."""
-    return np.asarray(_Rows(_logits_addr(ctx, name, j), n, n_vocab))
+    rows after it (rows of one decode lie one after another in batch order). Views are kept
+    by address: a decode's rows mostly lie where the last one's did, and a view is only an
+    address and a shape, so the kept one is the one numpy would build (in tens of µs, right
+    after a decode has swept the caches)."""
+    key = (_logits_addr(ctx, name, j), n, n_vocab)
+    z = _views.get(key)
+    if z is None:
+        if len(_views) >= 256:
+            _views.clear()
+        z = _views[key] = np.asarray(_Rows(*key))
+    return z
 
 
 def _lent_rows(ctx, name: str, n_vocab: int, outs_at: list[tuple[int, int, int]],
