@@ -38,10 +38,10 @@ def note(text: str) -> None:
     global _last
     if text == _last:
         return
+    _last = text  # (unsupervised too: each decode would look the variable up again)
     fd = _open()
     if fd is None:
         return
-    _last = text
     data = text.encode("utf-8", errors="replace")[: _SIZE - 1]
     try:
         os.pwrite(fd, data.ljust(_SIZE), 0)

@@ -676,6 +676,8 @@ def _decode_failed(name: str, rc: int) -> None:
 
 def _in_asked_order(part: Part, want: list[int], out: np.ndarray) -> np.ndarray:
     """The rows of ``out`` (in ``want``'s sorted order) in the order ``part.logits_at`` asked."""
+    if len(want) == len(part.logits_at) == 1:  # one row: a step's usual ask
+        return out
     n = len(part.tokens)
     order = [want.index((i + n) if i < 0 else i) for i in part.logits_at]
     return out if order == list(range(len(want))) else out[order]
