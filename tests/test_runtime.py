@@ -483,3 +483,47 @@ def test_a_decode_interrupted_before_its_bookkeeping_leaves_no_stray_cells(tiny_
         monkeypatch.setattr(runtime, "_logits_view", real)
         m.rollback(5)  # nothing of the mirror to drop: the stray cells go all the same
         assert m.decode([70], logits_at=(-1,)).shape == (1, m.n_vocab)
+
+
+def _apart(code: str) -> str:
+    """Run ``code`` in a Python of its own (a regression that crashes llama.cpp fails one test,
+    not the whole run); its stdout."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    return r.stdout
+
+
+def test_a_vocabulary_outlives_the_file_that_made_it(tiny_target):
+    """``ModelFile(path).vocab`` keeps the model it reads alive (it used to read freed memory:
+    a segfault)."""
+    out = _apart(
+        "import gc\n"
+        "from easd_local.llamacpp.runtime import Model, ModelFile, LoadOptions\n"
+        f"v = ModelFile({str(tiny_target)!r}).vocab\n"
+        "gc.collect()\n"
+        "toks = v.tokenize('hello there')\n"
+        f"w = Model({str(tiny_target)!r}, LoadOptions(n_ctx=64, n_threads=1)).vocab\n"
+        "gc.collect()\n"
+        "assert w.tokenize('hello there') == toks and v.detokenize(toks) == w.detokenize(toks)\n"
+        "print('ok', len(toks))\n"
+    )
+    assert out.startswith("ok ")
+
+
+def test_the_vocabulary_of_a_closed_model_says_so(tiny_target):
+    out = _apart(
+        "from easd_local.errors import RuntimeFailure\n"
+        "from easd_local.llamacpp.runtime import ModelFile\n"
+        f"m = ModelFile({str(tiny_target)!r})\n"
+        "v = m.vocab\n"
+        "assert v.tokenize('hi')\n"
+        "m.close()\n"
+        "try:\n"
+        "    v.tokenize('hi')\n"
+        "except RuntimeFailure as e:\n"
+        "    print(e)\n"
+    )
+    assert "the model is closed; its vocabulary cannot be used" in out

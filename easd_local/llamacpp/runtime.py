@@ -45,7 +45,7 @@ from ..interrupts import deferred_interrupt
 from . import devices, gguf_info, heap, llama_log, repack
 from .gguf_file import check_gguf_file
 from .gguf_info import file_type_name
-from .vocab import Vocab
+from .vocab import ModelHandle, Vocab
 
 
 def _address_getter(name: str):
@@ -192,11 +192,11 @@ class ModelFile:
                 model = None
         if not model:
             raise ModelLoadError(sink.load_failure(self.path))
-        self._model = model
+        self._model, self._handle = model, ModelHandle(model)
         self.n_ctx_train = int(_ll.llama_model_n_ctx_train(model))
         self.architecture = self.meta("general.architecture") or "unknown"
         self.recurrent = bool(_ll.llama_model_is_recurrent(model) or _ll.llama_model_is_hybrid(model))
-        self.vocab = Vocab(model, self.path, self._chat_template())
+        self.vocab = Vocab(self._handle, self.path, self._chat_template())
 
     @property
     def n_vocab(self) -> int:
@@ -205,12 +205,16 @@ class ModelFile:
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        # Each handle is taken off the object before it is freed: a Ctrl-C between the two
-        # steps then leaks it, where the other order would free it again from __del__ (a
-        # double free: a segfault)
-        model, self._model = self._model, None
-        if model:
-            _ll.llama_model_free(model)
+        """Free the model now (its vocabulary then refuses to work)."""
+        self._model = None
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            handle.free()
+
+    def _drop(self) -> None:
+        """What a dropped object frees: the model goes with the last holder of its handle (its
+        vocabulary may outlive this object)."""
+        self._model = None
 
     def __enter__(self):
         return self
@@ -220,7 +224,7 @@ class ModelFile:
 
     def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
         try:
-            self.close()
+            self._drop()
         except Exception:
             pass
 
@@ -333,15 +337,12 @@ class Model(ModelFile):
         return "weight repacking on" if self.repack.extra_bufts else "weight repacking off"
 
     def close(self) -> None:
-        # the context before the model it was made from; each handle off the object before
-        # it is freed (see ModelFile.close)
-        batch, self._batch = self._batch, None
-        if batch is not None:
-            _ll.llama_batch_free(batch)
-        ctx, self._ctx = self._ctx, None
-        if ctx:
-            _ll.llama_free(ctx)
+        _free_context(self)
         super().close()
+
+    def _drop(self) -> None:
+        _free_context(self)
+        super()._drop()
 
     def kv_cache_bytes(self, n_cells: int) -> int:
         """Bytes of an f16 K+V cache of ``n_cells`` cells (llama.cpp's default cache type)."""
@@ -515,6 +516,18 @@ class Model(ModelFile):
             self._seqs[p.seq].extend(p.tokens)
             self._unsure.discard(p.seq)
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
+
+def _free_context(m: Model) -> None:
+    """``m``'s batch and context, before the model they were made from; each handle is taken off
+    the object before it is freed (a Ctrl-C between the two then leaks it; the other order
+    would free it again from __del__: a double free)."""
+    batch, m._batch = m._batch, None
+    if batch is not None:
+        _ll.llama_batch_free(batch)
+    ctx, m._ctx = m._ctx, None
+    if ctx:
+        _ll.llama_free(ctx)
+
 
 def non_finite_logits(path) -> NonFiniteLogitsError:
     """The error for a model whose logits hold a NaN or an infinity. Corrupt weights (flipped

@@ -4,7 +4,8 @@ tokens where only the template's markers are special.
 
 Part of the runtime layer (with ``runtime``, ``llama_log`` and ``devices``): the only
 modules that touch ctypes. A :class:`Vocab` reads a loaded ``llama_model`` (weights or
-vocabulary only) and lives as long as it: the model that made it frees both.
+vocabulary only) through its ``ModelHandle``, which it keeps alive: a vocabulary kept after the
+``ModelFile`` that made it was dropped still works; after an explicit ``close`` it says so.
 """
 
 from __future__ import annotations
@@ -25,17 +26,48 @@ from ..text import check_text
 _TYPE_NAMES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2"}
 
 
+class ModelHandle:
+    """Owns one ``llama_model``: frees it when ``free`` is called or when nobody holds the handle
+    any more (the ``ModelFile`` that loaded it and the ``Vocab`` that reads it both do)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr) -> None:
+        self.ptr = ptr
+
+    def free(self) -> None:
+        # the handle off the object before it is freed: a Ctrl-C between the two leaks it,
+        # the other order would free it again from __del__ (a double free)
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            _ll.llama_model_free(ptr)
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.free()
+        except Exception:
+            pass
+
+
 class Vocab:
     """The vocabulary of a loaded ``llama_model`` (``model``: its handle) and its chat
     template (``chat_template``: the GGUF's, None when it has none). ``path`` names the
     file in error messages."""
 
-    def __init__(self, model, path: Path, chat_template: str | None):
+    def __init__(self, model: ModelHandle, path: Path, chat_template: str | None):
         self.path = path
         self.chat_template = chat_template
-        self._vocab = _ll.llama_model_get_vocab(model)
-        self.n_vocab = int(_ll.llama_vocab_n_tokens(self._vocab))
+        self._model = model
+        self._ptr = _ll.llama_model_get_vocab(model.ptr)
+        self.n_vocab = int(_ll.llama_vocab_n_tokens(self._ptr))
         self._pieces: dict[tuple[int, bool], bytes] = {}
+
+    @property
+    def _vocab(self):
+        """llama.cpp's vocabulary, while its model is loaded (a freed one would crash llama.cpp)."""
+        if self._model.ptr is None:
+            raise RuntimeFailure(f"{self.path.name}: the model is closed; its vocabulary cannot be used")
+        return self._ptr
 
     @property
     def vocab_type(self) -> int:
