@@ -66,16 +66,13 @@ class Seq:
 
     def sample(self, z: np.ndarray) -> int:
         """A token from one row of logits, as this sequence's settings say (one draw when sampling)."""
-        cfg = self.cfg
-        if cfg.greedy:
-            return rules.best(z)  # the first maximum, as np.argmax; the row checked
-        return rules.sample(rules.distribution(z, cfg.temperature, cfg.top_k, cfg.top_p), self.rng)
+        return self.draw(z)[0]
 
     def draw(self, z: np.ndarray):
         """``sample``'s token and the distribution it was drawn from (None when greedy)."""
         cfg = self.cfg
         if cfg.greedy:
-            return rules.best(z), None
+            return rules.best(z), None  # the first maximum, as np.argmax; the row checked
         q = rules.distribution(z, cfg.temperature, cfg.top_k, cfg.top_p)
         return rules.sample(q, self.rng), q
 

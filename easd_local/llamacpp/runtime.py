@@ -517,6 +517,7 @@ class Model(ModelFile):
             self._unsure.discard(p.seq)
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
 
+
 def _free_context(m: Model) -> None:
     """``m``'s batch and context, before the model they were made from; each handle is taken off
     the object before it is freed (a Ctrl-C between the two then leaks it; the other order
