@@ -1,7 +1,8 @@
 """A sampling distribution over a wide vocabulary kept as its support only: plain sampling
 (no top-k, no top-p) gives probability 0 to every token more than ``gate.TAIL_NATS`` below
 the best (``tempered``, which ``rules._tempered_softmax`` also uses), at T = 0.7 a large share
-of a real row. Held sparse, the SD test's p(d) and q(d), a sample, the residual max(0, p − q)
+of a real row at a confident position; where those tokens are half the row or more (an
+uncertain position), the row stays dense, every token its probability. Held sparse, the SD test's p(d) and q(d), a sample, the residual max(0, p − q)
 and EASD's penalised p cost the support's size, not 152k-wide temporaries. Pure numpy.
 
 The same distribution as the dense row, entry for entry; a sample follows the same
@@ -22,6 +23,8 @@ from .gate import TAIL_NATS
 # probabilities, then the cumulative sum inside the one block the draw falls in (a float64
 # cumulative sum of 152k entries takes milliseconds); up to one block, the whole row's
 SAMPLE_BLOCK = 2048
+# ``Sparse.at_many`` of more tokens than this scatters the distribution into a dense row first
+_DENSE_LOOKUP = 4096
 
 
 def inverse_cdf(p: np.ndarray, rng: np.random.Generator) -> int:
@@ -79,7 +82,11 @@ class Sparse(NamedTuple):
         return float(self.probs[i]) if i < self.ids.size and self.ids[i] == token else 0.0
 
     def at_many(self, tokens: np.ndarray) -> np.ndarray:
-        """Probabilities of sorted ``tokens`` (0 outside the support), in ``probs``' dtype."""
+        """Probabilities of sorted ``tokens`` (0 outside the support), in ``probs``' dtype. Many
+        tokens are looked up through the dense row (a binary search each would cost more: tens
+        of thousands of tokens on an uncertain row at T = 0.7)."""
+        if tokens.size > _DENSE_LOOKUP:
+            return self.dense()[tokens]
         i = np.searchsorted(self.ids, tokens)
         np.minimum(i, self.ids.size - 1, out=i)
         return np.where(self.ids[i] == tokens, self.probs[i], self.probs.dtype.type(0))
@@ -105,12 +112,15 @@ class Sparse(NamedTuple):
 
 def tempered(z: np.ndarray, temperature: float) -> Sparse | None:
     """softmax(z / temperature) of one wide row over the tokens within ``TAIL_NATS`` (tempered)
-    of the best; None when every token is kept (the dense row is then no larger)."""
+    of the best; None when they are half the row or more: the dense row is then cheaper to
+    build and to use (measured on a 152k row at T = 0.7: with 82 % of it kept, 0.53 ms sparse
+    against 0.35 ms dense; with 19 %, 0.20 against 0.33)."""
     t = z.dtype.type(temperature)
     top = z.max()
-    keep = np.flatnonzero(z >= top - TAIL_NATS * temperature)
-    if keep.size == z.size:
+    near = z >= top - TAIL_NATS * temperature
+    if 2 * int(np.count_nonzero(near)) >= z.size:
         return None
+    keep = np.flatnonzero(near)
     e = z[keep] / t if temperature != 1.0 else z[keep]
     e -= top / t
     np.exp(e, out=e)

@@ -42,7 +42,8 @@ def _rows(logits) -> tuple[np.ndarray, bool]:
 
 # Tokens whose logit lies more than this many nats below a row's best have at most e^-30 (1e-13)
 # of the best's probability: all of them together at most V * e^-30 (1.4e-8 at 152k tokens) of
-# the mass. Plain sampling (``rules``, ``dist``) gives them probability 0.
+# the mass. Plain sampling (``rules``, ``dist``) gives them probability 0 where they are most
+# of the row (``dist.tempered``).
 TAIL_NATS = 30.0
 
 _scratch = threading.local()  # per thread: two float32 rows the entropy works in

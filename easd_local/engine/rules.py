@@ -179,9 +179,10 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
 
 def _tempered_softmax(z: np.ndarray, temperature: float) -> np.ndarray:
     """softmax(z / temperature) of one row (float32 or float64 as z). A row wider than
-    ``dist.SAMPLE_BLOCK``: ``dist.tempered``'s, dense (the tokens more than ``gate.TAIL_NATS``
-    below the best given exactly 0: each has at most e^-30 of the best's probability, all
-    together at most 1.4e-8 of the mass at 152k tokens). Where none is dropped, the operations and bits of ``_softmax(z / temperature)``."""
+    ``dist.SAMPLE_BLOCK`` whose tokens within ``gate.TAIL_NATS`` of the best are under half of
+    it: ``dist.tempered``'s, dense (the others given exactly 0: each has at most e^-30 of the
+    best's probability, all together at most 1.4e-8 of the mass at 152k tokens). Otherwise the
+    operations and bits of ``_softmax(z / temperature)``."""
     if z.size > dist.SAMPLE_BLOCK:
         sp = dist.tempered(z, temperature)
         if sp is not None:
