@@ -5,6 +5,7 @@ for two trees of this code run alternately (before / after a change) on the defa
     python scripts/controller_ab.py                                   # this tree alone
     python scripts/controller_ab.py --tree before=/tmp/old --tree after=.   # A/B, alternating
     python scripts/controller_ab.py --modes target,sd --max-tokens 96 --rounds 2
+    python scripts/controller_ab.py --modes sd-t0.7,easd-t0.7 --prompt "Write a haiku about rain."
 
 Each run is one ``python -m easd_local generate PROMPT --mode M -n N --threads T --json`` with
 ``PYTHONPATH`` set to the tree (a ``git archive`` of a commit, say), so both trees use the same
@@ -33,7 +34,9 @@ MODES = {
     "sd-t0.7": ["--mode", "sd", "--temperature", "0.7"],
     "easd": ["--mode", "easd"],
     "easd-tf": ["--mode", "easd-tf"],
+    "easd-t0.7": ["--mode", "easd", "--temperature", "0.7"],
 }
+DEFAULT_MODES = ["target", "sd", "lookup", "sd-t0.7", "easd", "easd-tf"]
 PROMPTS = [
     "A baker makes 48 muffins and puts them in boxes of 6. He sells each box for $5. "
     "How much money does he make? Explain step by step.",
@@ -57,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
                     help="a tree of this code (repeat for A/B); default: this repository")
-    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--prompt", action="append", default=[], help="a prompt of your own (repeat for more); "
+                    "default: two GSM8K-like questions")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1, help="times each (prompt, mode, tree) runs")
@@ -72,11 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         ap.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
-    print(f"load average {os.getloadavg()[0]:.2f}; {len(PROMPTS)} prompts, {args.max_tokens} tokens, "
+    prompts = args.prompt or PROMPTS
+    print(f"load average {os.getloadavg()[0]:.2f}; {len(prompts)} prompts, {args.max_tokens} tokens, "
           f"{args.threads} threads; trees: " + ", ".join(f"{lab}={p}" for lab, p in trees), flush=True)
     got: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
-        for prompt in PROMPTS:
+        for prompt in prompts:
             for mode in modes:
                 for label, tree in trees:
                     out = run_one(tree, prompt, MODES[mode], args.max_tokens, args.threads)
