@@ -6,6 +6,11 @@ Qwen2.5 row), the better of ``--repeats`` rounds.
 
     python scripts/bench_rules.py
     python scripts/bench_rules.py --json
+
+Then plain sampling at T = 0.7 by the share of the row within 30 tempered nats of its best
+(rows with a wider or narrower bulk): the distribution held sparse (``dist.tempered`` made to
+keep it so) against the dense softmax, and what ``rules.distribution`` does now (sparse under
+half the row, else dense).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from easd_local.engine import gate, rules  # noqa: E402
+from easd_local.engine import dist, gate, rules  # noqa: E402
 
 V = 151_936
 
@@ -97,14 +102,27 @@ def main() -> int:
         o = best_us(old, a.repeats, n)
         w = best_us(new, a.repeats, n)
         out[name] = {"before_us": round(o, 1), "after_us": round(w, 1)}
+    shares = []
+    for spread in (3.0, 4.0, 5.0, 6.0, 10.0):  # the bulk's width: the wider, the more tokens near the best
+        z = rng.normal(0.0, spread, V).astype(np.float32)
+        z[7] += 12.0
+        near = int(np.count_nonzero(z >= z.max() - np.float32(gate.TAIL_NATS * 0.7)))
+        shares.append({"share": round(near / V, 3),
+                       "sparse_us": round(best_us(lambda: dist.tempered(z, 0.7, max_share=1.0), a.repeats, 10), 1),
+                       "dense_us": round(best_us(lambda: old_probs(z[None, :], 0.7), a.repeats, 10), 1),
+                       "now_us": round(best_us(lambda: rules.distribution(z, 0.7), a.repeats, 10), 1)})
     load = round(os.getloadavg()[0], 2)
     if a.json:
-        print(json.dumps({"n_vocab": V, "loadavg": load, "rules": out}))
+        print(json.dumps({"n_vocab": V, "loadavg": load, "rules": out, "plain_sampling_by_share": shares}))
         return 0
     print(f"numpy rules at {V:,} tokens, before issue 46 vs now, best of {a.repeats} rounds; load average {load}")
     print(f"{'':24} {'before us':>10} {'after us':>10}")
     for name, r in out.items():
         print(f"{name:24} {r['before_us']:>10} {r['after_us']:>10}")
+    print("plain sampling at T=0.7, by the share of the row within 30 tempered nats of its best (us)")
+    print(f"{'share':>8} {'sparse':>10} {'dense':>10} {'now':>10}")
+    for r in shares:
+        print(f"{r['share']:>8} {r['sparse_us']:>10} {r['dense_us']:>10} {r['now_us']:>10}")
     return 0
 
 
