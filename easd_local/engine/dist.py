@@ -1,9 +1,10 @@
 """A sampling distribution over a wide vocabulary kept as its support only: plain sampling
 (no top-k, no top-p) gives probability 0 to every token more than ``gate.TAIL_NATS`` below
 the best (``tempered``, which ``rules._tempered_softmax`` also uses), at T = 0.7 a large share
-of a real row at a confident position; where those tokens are half the row or more (an
-uncertain position), the row stays dense, every token its probability. Held sparse, the SD test's p(d) and q(d), a sample, the residual max(0, p − q)
-and EASD's penalised p cost the support's size, not 152k-wide temporaries. Pure numpy.
+of a real row at a confident position; where the tokens near the best are half the row or
+more (an uncertain position), the row stays dense, every token its probability. Held sparse,
+the SD test's p(d) and q(d), a sample, the residual max(0, p − q) and EASD's penalised p cost
+the support's size, not 152k-wide temporaries. Pure numpy.
 
 The same distribution as the dense row, entry for entry; a sample follows the same
 inverse-CDF rule over the tokens in id order (zero-probability tokens take no part in it),
