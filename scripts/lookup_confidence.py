@@ -16,7 +16,6 @@ Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -26,33 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-import bench_lookup as B  # noqa: E402  (its request sets)
+from lookup_replay import recorded_costs, target_texts  # noqa: E402  (the replay's costs and texts)
 
 
-def replay(prompt, text, book, conf, theta: float, costs, size_n: int = 2, size_m: int = 16) -> float:
-    """``pairscore.lookup.simulate``'s loop with the confidence rule: no proposal where the
-    target's top probability at the last emitted token is below ``theta``."""
-    from easd_local.engine.drafters import lookup as L
-    from easd_local.pairscore.lookup import K_MAX
-
-    seq, idx = list(prompt), L._SlotIndex(0, size_n)
-    i, n, cost = 0, len(text), 0.0
-    while i < n:
-        e, length = L.match(seq, idx)
-        k = 0
-        if e >= 0 and (i == 0 or conf[i - 1] >= theta):
-            k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX))
-        proposal = seq[e:e + k] if k else []
-        a = 0
-        while a < len(proposal) and proposal[a] == text[i + a]:
-            a += 1
-        if k:
-            book.record(length, k, a)
-        emitted = min(a + 1, n - i)
-        cost += costs[min(k, len(costs) - 1)]
-        seq.extend(text[i:i + emitted])
-        i += emitted
-    return n / cost
+def confidences(m, prompt: list[int], text: list[int]) -> list[float]:
+    """The target's top probability at each token of ``text`` (one teacher-forced decode)."""
+    m.reset()
+    rows = m.decode(prompt + text[:-1], logits_at=range(len(prompt) - 1, len(prompt) + len(text) - 1))
+    return [1.0 / float(np.exp(z - z.max(), dtype=np.float64).sum()) for z in rows]
 
 
 def main(argv: list[str]) -> int:
@@ -69,40 +49,22 @@ def main(argv: list[str]) -> int:
         thetas = [float(x) for x in a.thetas.split(",") if x.strip()]
     except ValueError:
         ap.error(f"--thetas {a.thetas!r}: want comma-separated numbers")
-    from easd_local.engine.drafters.policy import AcceptanceBook, extend_costs
+    from easd_local.engine.drafters.policy import AcceptanceBook
     from easd_local.llamacpp.runtime import LoadOptions, Model
-    from easd_local.pairscore.lookup import K_MAX
-    from easd_local.store import costs as cost_store
-    from easd_local.store.resolve import resolve_pair
+    from easd_local.pairscore.lookup import simulate
 
-    files = resolve_pair(None, None, None)
-    rec = cost_store.find(cost_store.costs_key(files.draft, files.target, 2, 0, None))
-    if not rec or not rec.get("verify_costs"):
-        print("error: no verify costs recorded for the default pair at 2 threads (run `easd-local pair costs`)",
-              file=sys.stderr)
+    got = recorded_costs()
+    if got is None:
         return 2
-    costs = extend_costs(rec["verify_costs"], K_MAX)
+    files, _, costs = got
     with Model(files.target, LoadOptions(n_ctx=4096, n_threads=a.threads)) as m:
-        vocab = m.vocab
         for f in a.runs:
-            rows = [json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
-            which = rows[0].get("set", "code")
-            reqs = {q["id"]: q["text"] for q in B.load_requests(which, None)}
-            texts = []
-            for r in rows:
-                if r["system"] != "ours" or r["method"] != "target":
-                    continue
-                chat = vocab.apply_chat_template([{"role": "user", "content": reqs[r["request"]]}])
-                prompt = vocab.tokenize(chat, add_special=True, parse_special=True)
-                text = r["token_ids"]
-                m.reset()
-                conf = []
-                for z in m.decode(prompt + text[:-1], logits_at=range(len(prompt) - 1, len(prompt) + len(text) - 1)):
-                    conf.append(1.0 / float(np.exp(z - z.max(), dtype=np.float64).sum()))
-                texts.append((prompt, text, conf))
+            texts = [(p, t, confidences(m, p, t)) for p, t in target_texts(f, m.vocab)]
             for theta in thetas:
                 book = AcceptanceBook(costs)
-                xs = [replay(p, t, book, c, theta, costs) for p, t, c in texts]
+                # no proposal where the target's top probability at the last emitted token is below theta
+                xs = [simulate(p, t, book, may_draft=lambda i, c=c: i == 0 or c[i - 1] >= theta).speedup
+                      for p, t, c in texts]
                 print(f"{f.name}: {len(xs)} texts, theta {theta:g}: median {statistics.median(xs):.3f}x, "
                       f"min {min(xs):.3f}x", flush=True)
     return 0

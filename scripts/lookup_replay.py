@@ -45,17 +45,11 @@ def oracle(prompt: list[int], text: list[int], costs, size_n: int = 2, size_m: i
     return len(text) / cost
 
 
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("runs", nargs="+", type=Path, help="bench_lookup.py --json files")
-    a = ap.parse_args(argv)
-    for f in a.runs:
-        if not f.is_file():
-            ap.error(f"{f}: no such file (a bench_lookup.py --json output)")
-    from easd_local.engine.drafters.policy import AcceptanceBook, extend_costs
-    from easd_local.llamacpp.runtime import ModelFile
-    from easd_local.pairscore.lookup import K_MAX, simulate
+def recorded_costs():
+    """(the default pair's files, the costs record, its verify costs extended to ``K_MAX``
+    drafted tokens), or None with the message printed when no costs were recorded at 2 threads."""
+    from easd_local.engine.drafters.policy import extend_costs
+    from easd_local.pairscore.lookup import K_MAX
     from easd_local.store import costs as cost_store
     from easd_local.store.resolve import resolve_pair
 
@@ -64,24 +58,47 @@ def main(argv: list[str]) -> int:
     if not rec or not rec.get("verify_costs"):
         print("error: no verify costs recorded for the default pair at 2 threads (run `easd-local pair costs`)",
               file=sys.stderr)
-        return 2
-    costs = extend_costs(rec["verify_costs"], K_MAX)
-    print(f"verify costs recorded {rec.get('date')}: " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(costs[:9])))
-    target = ModelFile(files.target)  # kept: its vocabulary lives in it
-    vocab = target.vocab
+        return None
+    return files, rec, extend_costs(rec["verify_costs"], K_MAX)
+
+
+def target_texts(run: Path, vocab) -> list[tuple[list[int], list[int]]]:
+    """(prompt, the target's own text) of each request of a ``bench_lookup.py --json`` run, the
+    prompt rendered and tokenized as the bench did."""
+    rows = [json.loads(line) for line in run.read_text(encoding="utf-8").splitlines() if line.strip()]
+    reqs = {q["id"]: q["text"] for q in B.load_requests(rows[0].get("set", "code"), None)}
+    out = []
+    for r in rows:
+        if r["system"] == "ours" and r["method"] == "target":
+            chat = vocab.apply_chat_template([{"role": "user", "content": reqs[r["request"]]}])
+            out.append((vocab.tokenize(chat, add_special=True, parse_special=True), r["token_ids"]))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("runs", nargs="+", type=Path, help="bench_lookup.py --json files")
+    a = ap.parse_args(argv)
     for f in a.runs:
-        rows = [json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
-        which = rows[0].get("set", "code")
-        reqs = {q["id"]: q["text"] for q in B.load_requests(which, None)}
+        if not f.is_file():
+            ap.error(f"{f}: no such file (a bench_lookup.py --json output)")
+    from easd_local.engine.drafters.policy import AcceptanceBook
+    from easd_local.llamacpp.runtime import ModelFile
+    from easd_local.pairscore.lookup import simulate
+
+    got = recorded_costs()
+    if got is None:
+        return 2
+    files, rec, costs = got
+    print(f"verify costs recorded {rec.get('date')}: " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(costs[:9])))
+    vocab = ModelFile(files.target).vocab
+    for f in a.runs:
         book = AcceptanceBook(costs)
         policy, best = [], []
-        for r in rows:
-            if r["system"] != "ours" or r["method"] != "target":
-                continue
-            chat = vocab.apply_chat_template([{"role": "user", "content": reqs[r["request"]]}])
-            prompt = vocab.tokenize(chat, add_special=True, parse_special=True)
-            policy.append(simulate(prompt, r["token_ids"], book).speedup)
-            best.append(oracle(prompt, r["token_ids"], costs))
+        for prompt, text in target_texts(f, vocab):
+            policy.append(simulate(prompt, text, book).speedup)
+            best.append(oracle(prompt, text, costs))
         for name, xs in (("the drafter's policy", policy), ("knowing the accepted length", best)):
             print(f"{f.name}: {len(xs)} texts, {name}: median {statistics.median(xs):.3f}x, "
                   f"min {min(xs):.3f}x, max {max(xs):.3f}x")

@@ -7,7 +7,7 @@ machine's verify costs. Pure: no llama.cpp, no I/O."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..engine.drafters import lookup as L
 from ..engine.drafters.policy import AcceptanceBook
@@ -44,9 +44,11 @@ class LookupSim:
 
 
 def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *, size_n: int = 2,
-             size_m: int = 16) -> LookupSim:
+             size_m: int = 16, may_draft: Callable[[int], bool] | None = None) -> LookupSim:
     """Greedy lookup SD along ``text`` after ``prompt``; ``book`` carries what the drafter
-    learnt (pass one book through a corpus, as one server's drafter would)."""
+    learnt (pass one book through a corpus, as one server's drafter would). ``may_draft(i)``:
+    a rule tried on top of the drafter's (``scripts/lookup_confidence.py``), asked before
+    proposing at text position ``i``; False: no proposal there."""
     out = LookupSim()
     seq = list(prompt)
     idx = L._SlotIndex(0, size_n)
@@ -55,7 +57,7 @@ def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *
     while i < n:
         e, length = L.match(seq, idx)
         k = 0
-        if e >= 0:
+        if e >= 0 and (may_draft is None or may_draft(i)):
             k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX))
         proposal = seq[e:e + k] if k else []
         a = 0
