@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 b = gate.entropy_bounds(z)
                 got = gate.entropy_against(z, a.tau)
                 n_rows += 1
-                if b is not None and (b[2] < a.tau - gate._DECIDE_MARGIN or b[0] >= a.tau + gate._DECIDE_MARGIN):
+                if gate.settles(b, a.tau):
                     settled += 1
                     gap = max(gap, abs(got - h))
                 differ += (got >= a.tau) != (h >= a.tau)

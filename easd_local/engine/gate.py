@@ -133,6 +133,11 @@ def entropy_bounds(row: np.ndarray) -> tuple[float, float, float] | None:
     return lo, min(max(math.log(s_h) + t_h / s_h, lo), hi), hi
 
 
+def settles(bounds: tuple[float, float, float] | None, tau: float) -> bool:
+    """Whether ``entropy_bounds``' bounds put H on one side of ``tau`` (by ``_DECIDE_MARGIN``)."""
+    return bounds is not None and (bounds[2] < tau - _DECIDE_MARGIN or bounds[0] >= tau + _DECIDE_MARGIN)
+
+
 def entropy_against(row: np.ndarray, tau: float) -> float:
     """``entropy(row)`` for a decision ``H >= tau``: on the same side of ``tau`` as the exact
     figure, and equal to it where the bounds (``entropy_bounds``) do not settle the side; else
@@ -143,7 +148,7 @@ def entropy_against(row: np.ndarray, tau: float) -> float:
     row = np.asarray(row)
     if row.ndim == 1 and row.size >= _BOUND_MIN_V and row.dtype == np.float32 and math.isfinite(tau):
         b = entropy_bounds(row)
-        if b is not None and (b[2] < tau - _DECIDE_MARGIN or b[0] >= tau + _DECIDE_MARGIN):
+        if settles(b, tau):
             return b[1]
     return float(entropy(row))
 
