@@ -4,7 +4,7 @@
 Each mode's generations are first run for real (``decoding.generate``), and every
 ``llama_decode`` call is recorded with the logits rows it produced. They are then replayed many
 times: ``llama_decode`` becomes a stub that puts the recorded rows where llama.cpp keeps its
-logits (``llama_get_logits_ith``, the runtime's ``logits_address``, point at them), so everything else runs
+logits (the runtime's getter, ``runtime.logits_address``, points at them), so everything else runs
 as in a real generation: the runtime's batch filling and its reading of the logits rows (the
 copies or views), the rules, the gate, the steps, the scheduler and the events. What is timed
 is ``seconds_controller`` as ``generate --json`` reports it: everything outside
@@ -35,7 +35,6 @@ Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import json
 import os
@@ -67,19 +66,18 @@ MODES = {
     "sd:ngram-simple": dict(mode="sd", spec_type="ngram-simple"),  # prompt lookup: no draft model
 }
 PARTS = ("runtime", "rules", "gate", "scheduler")
-_FLOAT_P = ctypes.POINTER(ctypes.c_float)
 
 
 # ------------------------------------------------------------------ record and replay
 class Replay:
     """``llama_decode`` recorded on the first pass (with the logits rows each call produced),
-    replayed afterwards: the stub checks the batch is the recorded one and points llama.cpp's
-    logits getters at the recorded rows."""
+    replayed afterwards: the stub checks the batch is the recorded one and points the runtime's
+    logits getter at the recorded rows."""
 
     def __init__(self, n_vocab: dict[int, int]) -> None:
         self.n_vocab = n_vocab  # context address -> row width
-        self.real = (llama_cpp.llama_decode, llama_cpp.llama_get_logits_ith, llama_cpp.llama_get_logits,
-                     runtime.logits_address)
+        # llama_decode, the row getter the recording copies through, the runtime's address getter
+        self.real = (llama_cpp.llama_decode, llama_cpp.llama_get_logits_ith, runtime.logits_address)
         self.calls: list[tuple] = []  # (ctx, n_tokens, first token, last token, rows (n, V), {batch index: row})
         self.at = 0
         self.replaying = False
@@ -91,13 +89,11 @@ class Replay:
 
     def install(self) -> None:
         llama_cpp.llama_decode = self.decode
-        llama_cpp.llama_get_logits_ith = self.logits_ith
-        llama_cpp.llama_get_logits = self.logits
         runtime.logits_address = self.logits_address
 
     def uninstall(self) -> None:
-        llama_cpp.llama_decode, llama_cpp.llama_get_logits_ith, llama_cpp.llama_get_logits = self.real[:3]
-        runtime.logits_address = self.real[3]
+        llama_cpp.llama_decode = self.real[0]
+        runtime.logits_address = self.real[2]
 
     def rewind(self) -> None:
         self.at = 0
@@ -128,22 +124,11 @@ class Replay:
         self.current[ctx] = rows, self.calls[-1][5]
         return 0
 
-    def logits_ith(self, ctx, j):
-        if not self.replaying:
-            return self.real[1](ctx, j)
-        rows, where = self.current[ctx]
-        return ctypes.cast(rows.ctypes.data + where[j] * rows.shape[1] * 4, _FLOAT_P)
-
     def logits_address(self, ctx, j):  # the runtime's own getter (an int address)
         if not self.replaying:
-            return self.real[3](ctx, j)
+            return self.real[2](ctx, j)
         rows, where = self.current[ctx]
         return rows.ctypes.data + where[j] * rows.shape[1] * 4
-
-    def logits(self, ctx):
-        if not self.replaying:
-            return self.real[2](ctx)
-        return ctypes.cast(self.current[ctx][0].ctypes.data, _FLOAT_P)
 
 
 # ------------------------------------------------------------------ the split
