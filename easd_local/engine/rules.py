@@ -187,6 +187,12 @@ def _tempered_softmax(z: np.ndarray, temperature: float) -> np.ndarray:
         sp = dist.tempered(z, temperature)
         if sp is not None:
             return sp.dense()
+    return _dense_tempered(z, temperature)
+
+
+def _dense_tempered(z: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(z / temperature) of one row over every token: ``_softmax(z / temperature)``'s
+    operations and bits."""
     t = z.dtype.type(temperature)
     e = z / t if temperature != 1.0 else z.copy()
     e -= z.max() / t  # = max(z / t): division by t > 0 keeps the order
@@ -203,8 +209,9 @@ def distribution(z_row: np.ndarray, temperature: float, top_k: int = 0, top_p: f
     z = np.asarray(z_row)
     if z.ndim == 1 and z.size > dist.SAMPLE_BLOCK and _plain(top_k, top_p, z.size):
         sp = dist.tempered(z, temperature)
-        if sp is not None:
-            return sp
+        # most of the row near its best: the dense row (not sampling_probs, which would ask
+        # dist.tempered again)
+        return sp if sp is not None else _dense_tempered(z, temperature)
     return sampling_probs(z, temperature, top_k, top_p)
 
 
