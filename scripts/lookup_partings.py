@@ -11,7 +11,6 @@ tokens, a batch-shape near-tie (README, "Lossless means lossless").
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-import bench_lookup as B  # noqa: E402  (its request sets)
+from lookup_replay import load_run, prompt_tokens  # noqa: E402  (a run's rows and prompts, as the replay reads them)
 
 
 def main(argv: list[str]) -> int:
@@ -38,9 +37,7 @@ def main(argv: list[str]) -> int:
     target = resolve_pair(None, None, a.target).target
     with Model(target, LoadOptions(n_ctx=4096, n_threads=2)) as m:
         for f in a.runs:
-            rows = [json.loads(line) for line in Path(f).read_text(encoding="utf-8").splitlines() if line.strip()]
-            which = rows[0].get("set", "code")
-            reqs = {q["id"]: q["text"] for q in B.load_requests(which, None)}
+            which, rows, reqs = load_run(f)
             ref = {(r["request"], r["system"]): r for r in rows if r["method"] == "target"}
             for r in rows:
                 t = ref.get((r["request"], r["system"]), {}).get("token_ids")
@@ -48,8 +45,7 @@ def main(argv: list[str]) -> int:
                 i = next((k for k, (a, b) in enumerate(zip(t or [], o)) if a != b), None)
                 if r["method"] == "target" or i is None:
                     continue
-                chat = m.vocab.apply_chat_template([{"role": "user", "content": reqs[r["request"]]}])
-                p = m.vocab.tokenize(chat, add_special=True, parse_special=True)
+                p = prompt_tokens(m.vocab, reqs[r["request"]])
                 m.reset()
                 z = m.decode_batch([Part(0, p + t[:i], (-1,))])[0][0]
                 top2 = np.sort(z)[-2:]

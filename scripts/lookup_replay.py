@@ -62,17 +62,25 @@ def recorded_costs():
     return files, rec, extend_costs(rec["verify_costs"], K_MAX)
 
 
-def target_texts(run: Path, vocab) -> list[tuple[list[int], list[int]]]:
-    """(prompt, the target's own text) of each request of a ``bench_lookup.py --json`` run, the
-    prompt rendered and tokenized as the bench did."""
+def load_run(run: Path) -> tuple[str, list[dict], dict[str, str]]:
+    """A ``bench_lookup.py --json`` run: its request set's name, its rows, and the set's
+    requests by id."""
     rows = [json.loads(line) for line in run.read_text(encoding="utf-8").splitlines() if line.strip()]
-    reqs = {q["id"]: q["text"] for q in B.load_requests(rows[0].get("set", "code"), None)}
-    out = []
-    for r in rows:
-        if r["system"] == "ours" and r["method"] == "target":
-            chat = vocab.apply_chat_template([{"role": "user", "content": reqs[r["request"]]}])
-            out.append((vocab.tokenize(chat, add_special=True, parse_special=True), r["token_ids"]))
-    return out
+    which = rows[0].get("set", "code")
+    return which, rows, {q["id"]: q["text"] for q in B.load_requests(which, None)}
+
+
+def prompt_tokens(vocab, request: str) -> list[int]:
+    """A request rendered and tokenized as the bench did (the chat template, one user turn)."""
+    chat = vocab.apply_chat_template([{"role": "user", "content": request}])
+    return vocab.tokenize(chat, add_special=True, parse_special=True)
+
+
+def target_texts(run: Path, vocab) -> list[tuple[list[int], list[int]]]:
+    """(prompt, the target's own text) of each request of a ``bench_lookup.py --json`` run."""
+    _, rows, reqs = load_run(run)
+    return [(prompt_tokens(vocab, reqs[r["request"]]), r["token_ids"])
+            for r in rows if r["system"] == "ours" and r["method"] == "target"]
 
 
 def main(argv: list[str]) -> int:
