@@ -361,14 +361,23 @@ def test_a_failure_in_one_sequence_leaves_the_others(pair, monkeypatch):
         solo(pair, prompts[0], cfg, 0)
 
 
-@pytest.mark.parametrize("mode,which", [("target", "target"), ("sd", "target"), ("sd", "draft")])
+@pytest.mark.parametrize("mode,which,temperature,spec", [
+    ("target", "target", 0.0, "draft"), ("sd", "target", 0.0, "draft"), ("sd", "draft", 0.0, "draft"),
+    ("target", "target", 0.7, "draft"), ("sd", "target", 0.7, "draft"), ("sd", "draft", 0.7, "draft"),
+    ("sd", "target", 0.7, "ngram-simple"), ("easd", "target", 0.0, "draft"), ("easd", "draft", 0.0, "draft"),
+    ("easd", "draft", 0.7, "draft"), ("easd-tf", "target", 0.0, "draft"), ("easd-tf", "draft", 0.0, "draft"),
+    ("easd-tf", "draft", 0.7, "draft"), ("sd", "draft", 0.0, "draft-p-min")])
 @pytest.mark.parametrize("poison", ["nan", "+inf", "all -inf"])
-def test_greedy_rows_are_checked_by_their_argmax(pair, monkeypatch, mode, which, poison):
-    """Greedy without a gate reads its rows through rules.best alone (the scheduler skips its
-    own pass): a NaN, a +inf or a row without a finite logit still fails the sequence, naming
-    the model the row came from; the other sequence finishes."""
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a rule raises before numpy would warn (stderr)
+def test_rows_are_checked_by_the_rules_that_read_them(pair, monkeypatch, mode, which, temperature, spec, poison):
+    """The scheduler makes no pass of its own over the rows: each rule that reads one checks it
+    (engine.finite: greedy argmax, the sampling softmax, the gate's entropy of a consulted
+    draft row). A NaN, a +inf or a row without a finite logit still fails the sequence in
+    every mode, greedy or sampled, naming the model the row came from; the other sequence
+    finishes."""
     prompts = prompts_of(pair)
-    cfg = cfg_of(mode, max_tokens=16)
+    extra = {"spec_type": "draft", "draft_p_min": 0.01} if spec == "draft-p-min" else {"spec_type": spec}
+    cfg = cfg_of(mode, max_tokens=16, temperature=temperature, **extra)
     model = pair.target if which == "target" else pair.draft
     orig = type(pair.target).decode_batch
 
@@ -376,8 +385,8 @@ def test_greedy_rows_are_checked_by_their_argmax(pair, monkeypatch, mode, which,
         out = orig(self, parts)
         for p, z in zip(parts, out):
             if self is model and p.seq == 1 and len(z) and self.seq_len(1) > len(prompts[1]) + 4:
-                if poison == "nan":
-                    z[-1, 3] = np.nan
+                if poison == "nan":  # the first row is read at every step, the last one not always
+                    z[0, 3] = z[-1, 3] = np.nan
                 elif poison == "+inf":
                     z[:, 5] = np.inf
                 else:
@@ -389,7 +398,7 @@ def test_greedy_rows_are_checked_by_their_argmax(pair, monkeypatch, mode, which,
     monkeypatch.undo()
     assert isinstance(got[0][0], Finished)
     assert isinstance(got[1][0], Failed), got[1][0]
-    assert got[1][0].message.startswith(f"{model.path}: the model produced NaN or infinite logits")
+    assert got[1][0].message.startswith(f"{model.path}: the model produced NaN or infinite logits"), got[1][0].message
 
 
 def test_submit_refuses_bad_requests_at_once(pair):

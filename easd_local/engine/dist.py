@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .finite import checked
 from .gate import TAIL_NATS
 
 # ``inverse_cdf`` finds its token block by block: the float64 sums of blocks of this many
@@ -114,9 +115,10 @@ class Sparse(NamedTuple):
 def tempered(z: np.ndarray, temperature: float, max_share: float = 0.5) -> Sparse | None:
     """softmax(z / temperature) of one wide row over the tokens within ``TAIL_NATS`` (tempered)
     of the best; None when they are ``max_share`` of the row or more: the dense row is then
-    cheaper to build and to use (``python scripts/bench_rules.py`` times both by share)."""
+    cheaper to build and to use (``python scripts/bench_rules.py`` times both by share).
+    ``finite.NonFiniteRow`` for a row with a NaN or a +inf, or no finite logit."""
     t = z.dtype.type(temperature)
-    top = z.max()
+    top = checked(z.max())
     near = z >= top - TAIL_NATS * temperature
     if int(np.count_nonzero(near)) >= max_share * z.size:
         return None

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .finite import NonFiniteRow
 from .modes import MODE_TABLE
 
 
@@ -71,11 +72,11 @@ def entropy(logits):
     if z.dtype == np.float32:
         h = np.array([_entropy_row(row) for row in z], dtype=np.float64)
         return h[0] if squeeze else h
-    d = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(d)
-    s = e.sum(axis=-1, dtype=np.float64)
-    with np.errstate(invalid="ignore"):  # 0 * -inf for masked logits, fixed below
+    with np.errstate(invalid="ignore"):  # as in _entropy_row
+        d = z - z.max(axis=-1, keepdims=True)
+        e = np.exp(d)
         np.multiply(e, d, out=d)  # d is now e * d
+    s = e.sum(axis=-1, dtype=np.float64)
     t = d.sum(axis=-1, dtype=np.float64)
     for i in np.flatnonzero(np.isnan(t)):
         t[i] = _masked_t(z[i])
@@ -86,11 +87,13 @@ def entropy(logits):
 def _entropy_row(row: np.ndarray) -> float:
     """``entropy`` of one float32 row, by the same operations (the same bits), in scratch rows."""
     d, e = _work(row.size)
-    np.subtract(row, row.max(), out=d)
-    np.exp(d, out=e)
-    s = e.sum(dtype=np.float64)
-    with np.errstate(invalid="ignore"):  # 0 * -inf for masked logits, fixed below
+    # invalid: 0 * -inf for masked logits (fixed below); inf - inf in a row that is not
+    # finite, whose entropy is then NaN (``entropy_against`` and ``Gate.read`` raise)
+    with np.errstate(invalid="ignore"):
+        np.subtract(row, row.max(), out=d)
+        np.exp(d, out=e)
         np.multiply(e, d, out=d)
+    s = e.sum(dtype=np.float64)
     t = d.sum(dtype=np.float64)
     if np.isnan(t):
         t = _masked_t(row)
@@ -144,20 +147,25 @@ def entropy_against(row: np.ndarray, tau: float) -> float:
     the bounds' estimate (within 0.007 nats of it at 152k tokens). Rows narrower than
     ``_BOUND_MIN_V`` (and rows whose head is wide) get the exact figure. At a confident
     position of a real row this reads the row twice and exponentiates a few hundred tokens,
-    where ``entropy`` exponentiates all 152k (numpy's float32 exp: ~1.3 ns a token here)."""
+    where ``entropy`` exponentiates all 152k (numpy's float32 exp: ~1.3 ns a token here).
+    A row with a NaN or a +inf, or no finite logit: ``finite.NonFiniteRow``."""
     row = np.asarray(row)
     if row.ndim == 1 and row.size >= _BOUND_MIN_V and row.dtype == np.float32 and math.isfinite(tau):
         b = entropy_bounds(row)
         if settles(b, tau):
             return b[1]
-    return float(entropy(row))
+    h = float(entropy(row))
+    if math.isnan(h):  # NaN exactly when the row is not finite
+        raise NonFiniteRow("the model produced NaN or infinite logits")
+    return h
 
 
 def _masked_t(row: np.ndarray) -> np.float64:
     """``sum(e * d)`` of a row whose masked (-inf) logits made it NaN (0 * -inf): without them."""
-    zi = row - row.max()
-    ei = np.exp(zi)
-    return np.multiply(ei, zi, out=np.zeros_like(ei), where=ei > 0).sum(dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # a row that is not finite: NaN, as in _entropy_row
+        zi = row - row.max()
+        ei = np.exp(zi)
+        return np.multiply(ei, zi, out=np.zeros_like(ei), where=ei > 0).sum(dtype=np.float64)
 
 
 # top-N sets look for their candidates among the blocks of this many logits with the largest maxima
@@ -304,13 +312,16 @@ class Gate:
     def read(self, z_draft_row, z_target_row, h_target: float | None = None, deciding: bool = False) -> Reading:
         """Every figure at a position and whether the gate opens there (``h_target``: H_t
         when already computed). ``deciding``: the entropies only as exact as the decision
-        needs (``entropy_against``), as the decoding steps read them; else exact."""
+        needs (``entropy_against``), as the decoding steps read them; else exact. A row with
+        a NaN or a +inf, or no finite logit: ``finite.NonFiniteRow``."""
         if deciding:
             h_t = self.screen(z_target_row) if h_target is None else h_target
             h_d = entropy_against(z_draft_row, self.tau_draft)
         else:
             h_t = float(entropy(z_target_row)) if h_target is None else h_target
             h_d = float(entropy(z_draft_row))
+        if math.isnan(h_d) or math.isnan(h_t):  # an entropy is NaN exactly when its row is not finite
+            raise NonFiniteRow("the model produced NaN or infinite logits")
         ov = float(top_n_overlap(z_draft_row, z_target_row, self.top_n))
         d_ok, t_ok, o_ok = conditions(h_d, h_t, ov, self.tau_draft, self.tau_target, self.tau_overlap)
         return Reading(h_d, h_t, ov, d_ok and t_ok and o_ok)

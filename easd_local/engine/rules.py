@@ -27,6 +27,7 @@ import numpy as np
 from . import dist
 from .config import RANDOM_SEED, DecodeConfig
 from .dist import Sparse
+from .finite import NonFiniteRow, checked
 # where an emitted token came from (defined with the events; the rules produce them)
 from .events import BONUS, DRAFT, DRAFT_ONLY, EASD, ORIGINS, RESAMPLED, TARGET
 # the gate's quantities and its predicate, under the names the rules have always had
@@ -149,7 +150,8 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
     ``target``/``draft`` modes sample what llama.cpp would. p and q in SD/EASD are both
     built with this function, so the speculative maths is consistent either way.
 
-    Returns float32 for float32 input (float64 for float64 input), shape as ``logits``.
+    Returns float32 for float32 input (float64 for float64 input), shape as ``logits``; a
+    row with a NaN or a +inf, or no finite logit, raises ``finite.NonFiniteRow``.
     """
     _check_sampling(temperature, top_k, top_p)
     z, squeeze = _rows(logits)
@@ -158,6 +160,8 @@ def sampling_probs(logits, temperature: float, top_k: int = 0, top_p: float = 1.
         out = np.stack([_tempered_softmax(row, temperature) for row in z]) if k != 1 else \
             _tempered_softmax(z[0], temperature)[None, :]
         return out[0] if squeeze else out
+    for m in z.max(axis=-1):  # the plain path's softmax checks its row on the way (``finite``)
+        checked(m)
     rows = np.arange(k)[:, None]
     cand = None
     zc = z
@@ -195,7 +199,7 @@ def _dense_tempered(z: np.ndarray, temperature: float) -> np.ndarray:
     operations and bits."""
     t = z.dtype.type(temperature)
     e = z / t if temperature != 1.0 else z.copy()
-    e -= z.max() / t  # = max(z / t): division by t > 0 keeps the order
+    e -= checked(z.max()) / t  # = max(z / t): division by t > 0 keeps the order
     np.exp(e, out=e)
     e *= (1.0 / e.sum(dtype=np.float64)).astype(e.dtype)
     return e
@@ -223,20 +227,13 @@ def prob(p, token: int) -> float:
 # ------------------------------------------------------------------ token-level rules
 
 
-class NonFiniteRow(ValueError):
-    """A row of logits that holds a NaN or a +inf, or no finite logit, met by ``best``. The
-    scheduler names the model whose rows the step had just been sent
-    (``runtime.non_finite_logits``)."""
-
-
 def best(row: np.ndarray) -> int:
     """The first maximum of one row (as ``np.argmax``), the row's finiteness checked on the
     way: argmax stops on the first NaN, picks a +inf, and lands on a -inf only when the row
-    has no finite logit, so the winner is finite exactly when ``runtime.all_finite`` holds.
-    A greedy step that reads its rows through this alone needs no other pass over them."""
+    has no finite logit, so the winner is finite exactly when ``runtime.all_finite`` holds
+    (``finite``: the rules check the rows they read; the scheduler makes no pass of its own)."""
     i = int(row.argmax())
-    if not math.isfinite(row[i]):
-        raise NonFiniteRow("the model produced NaN or infinite logits")
+    checked(row[i])
     return i
 
 

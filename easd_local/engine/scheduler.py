@@ -63,8 +63,8 @@ from .config import DecodeConfig
 from .events import Finished, TokenEvent, fits_context
 from ..errors import ConfigError, ContextOverflowError, EasdError
 from .pair import Pair
-from .rules import NonFiniteRow
-from ..llamacpp.runtime import Model, Part, all_finite, non_finite_logits
+from .finite import NonFiniteRow
+from ..llamacpp.runtime import Model, Part, non_finite_logits
 from .sequence import Seq as _Seq  # one sequence's state (the name this module has always used)
 from .steps import STEPS, StepGen
 
@@ -278,7 +278,7 @@ class Scheduler:
             model, part = step.send(z)
         except StopIteration:
             model = None
-        except NonFiniteRow as e:  # a row read by rules.best: the rows just sent
+        except NonFiniteRow as e:  # a row a rule read (``finite``): the rows just sent
             model = non_finite_logits(source.path) if source is not None else e
         except (EasdError, ValueError, FloatingPointError) as e:
             model = e
@@ -318,14 +318,11 @@ class Scheduler:
                 step.close()
                 self._fail(s, e, out)
             return
+        V = self.V
         for s, (step, _, _), z in zip(batch, steps, zs):
-            z = z[:, : self.V]
-            # lent rows: the runtime left this check to us, per sequence (or to rules.best)
-            if not s.rows_checked_by_argmax and not all_finite(z):
-                step.close()
-                self._fail(s, non_finite_logits(model.path), out)
-                continue
-            self._advance(s, step, z, waiting, out, model)
+            # lent rows, unchecked: the rule that reads a row checks it (``finite``), and a
+            # NonFiniteRow fails just this sequence (``_advance``)
+            self._advance(s, step, z if z.shape[1] == V else z[:, :V], waiting, out, model)
 
     def _fail(self, s: _Seq, e: BaseException, out: list) -> None:
         self._release(s, clear=True)

@@ -40,9 +40,6 @@ class Seq:
         self.mode = cfg.mode
         self.gate = Gate.of(cfg)
         self.gate_on = self.gate.can_fire
-        # greedy without a gate reads every row through ``rules.best`` alone, which checks it:
-        # the scheduler spares these rows its own pass (a pass over 152k logits a row)
-        self.rows_checked_by_argmax = cfg.greedy and not self.gate_on
         self.rng = rules.make_rng(cfg.seed if req.rng_seed is None else req.rng_seed)
         self.eog = set(main.vocab.eog_ids()) | set(req.stop_tokens)
         self.detok = Detokenizer(main.vocab)

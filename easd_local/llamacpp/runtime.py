@@ -457,8 +457,8 @@ class Model(ModelFile):
         """Within it, ``decode_batch`` lends its rows instead of copying them: each part's rows
         are a numpy view over llama.cpp's own logits buffer (no copy out), valid until this
         model's next decode, which overwrites them. Whoever keeps a row past that copies it;
-        nobody writes into one; the borrower checks them (``all_finite``), once, where it can
-        fail just their sequence. The decoding loop (``scheduler``) decodes this way."""
+        nobody writes into one; the borrower checks them (the decoding rules check each row
+        they read: ``engine.finite``), where it can fail just their sequence. The decoding loop (``scheduler``) decodes this way."""
         was, self._lend = self._lend, True
         try:
             yield

@@ -14,14 +14,16 @@ from typing import Generator
 import numpy as np
 
 from ..events import DRAFT, Stats
+from ..finite import checked
 from ...llamacpp.runtime import Model, Part
 from ..sequence import Seq
 from .base import Ask, Counters, DraftGen, Proposal
 
 
 def top_probability(z: np.ndarray) -> float:
-    """The largest probability of the (untempered) softmax of one row of logits."""
-    m = float(z.max())
+    """The largest probability of the (untempered) softmax of one row of logits (the row
+    checked on the way: ``finite``)."""
+    m = float(checked(z.max()))
     return 1.0 / float(np.exp(z - m, dtype=np.float32).sum())
 
 
