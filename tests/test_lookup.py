@@ -157,6 +157,36 @@ def test_match_prefers_the_place_that_matches_longer():
     assert seq[e] in (7, 8) and length >= 2 and seq[e - 2:e] == [3, 4]
 
 
+def test_match_says_what_the_occurrence_before_witnesses():
+    """The n-gram matched at its latest place; the place before that was followed by the same
+    token (AGREE), by another (DISAGREE), or there was none (ONCE)."""
+    idx = L._SlotIndex(0, 2)
+    assert L.witnessed_match([9, 1, 2, 7, 5, 1, 2, 7, 6, 1, 2], idx)[2] == P.AGREE
+    e, length, w = L.witnessed_match([9, 1, 2, 7, 5, 1, 2, 8, 6, 1, 2], L._SlotIndex(0, 2))
+    assert w == P.DISAGREE and [9, 1, 2, 7, 5, 1, 2, 8, 6, 1, 2][e] == 8  # the latest place still leads
+    assert L.witnessed_match([9, 1, 2, 7, 6, 1, 2], L._SlotIndex(0, 2))[2] == P.ONCE
+    assert L.witnessed_match([9, 1, 2, 7, 6, 1, 2], L._SlotIndex(0, 2))[:2] == L.match([9, 1, 2, 7, 6, 1, 2],
+                                                                                   L._SlotIndex(0, 2))
+    # the index grows with the sequence: a third occurrence makes the second the witness
+    seq = [9, 1, 2, 7, 5, 1, 2, 8]
+    idx = L._SlotIndex(0, 2)
+    L.witnessed_match(seq, idx)
+    seq += [6, 1, 2]
+    assert L.witnessed_match(seq, idx)[2] == P.DISAGREE
+    seq += [8, 3, 1, 2]
+    assert L.witnessed_match(seq, idx)[2] == P.AGREE  # "1 2" -> 8 at the last two places
+
+
+def test_book_counts_each_witness_apart():
+    """Rejections after disagreeing witnesses stop proposals there, not after agreeing ones."""
+    book = P.AcceptanceBook(P.linear_costs(16, 0.29))
+    for _ in range(30):
+        book.record(2, 1, 0, P.DISAGREE)
+    assert book.length(2, 10, P.DISAGREE) == 0
+    assert book.length(2, 10, P.AGREE) >= 1 and book.length(2, 10, P.ONCE) >= 1
+    assert book.length(2, 10) == book.length(2, 10, P.ONCE)
+
+
 def test_best_length_follows_acceptance_and_costs():
     costs = P.linear_costs(16, 0.29)
     assert P.best_length(0.1, costs, 16) == 0  # seldom right: the target's own decode

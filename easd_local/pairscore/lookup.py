@@ -55,16 +55,16 @@ def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *
     i, n = 0, len(text)
     costs = book.costs
     while i < n:
-        e, length = L.match(seq, idx)
+        e, length, witness = L.witnessed_match(seq, idx)
         k = 0
         if e >= 0 and (may_draft is None or may_draft(i)):
-            k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX))
+            k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX), witness)
         proposal = seq[e:e + k] if k else []
         a = 0
         while a < len(proposal) and proposal[a] == text[i + a]:
             a += 1
         if k:
-            book.record(length, k, a)
+            book.record(length, k, a, witness)
         emitted = min(a + 1, n - i)
         out.tokens += emitted
         out.verifies += 1

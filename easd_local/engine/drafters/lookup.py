@@ -8,7 +8,9 @@ one of ``LONGER``) to where it last ended, grown as the sequence grows (a sequen
 appends), so a lookup is a few dict reads, longest n-gram first, and a short backward
 comparison that measures how long the match is. How many of the
 tokens that followed are proposed is the ``AcceptanceBook``'s choice: what pays on this
-machine's verify costs at the acceptance seen after matches that long.
+machine's verify costs at the acceptance seen after matches that long and that witnessed
+(the index keeps each n-gram's occurrence before its last one too: whether it was followed
+by the same token is ``policy``'s witness).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from ..sequence import Seq
 from .base import Ask, Counters, DraftGen, Proposal, looked_up
-from .policy import AcceptanceBook
+from .policy import AGREE, DISAGREE, ONCE, AcceptanceBook
 
 MAX_MATCH = 32  # a match is measured back this far at most (confidence saturates well before)
 # n-gram lengths indexed above ``spec_ngram_size_n``: the lookup tries the longest first, so
@@ -28,7 +30,7 @@ LONGER = (3, 4, 6, 8, 12, 16)
 
 
 class _SlotIndex:
-    __slots__ = ("owner", "n", "levels", "ends", "indexed", "last_match")
+    __slots__ = ("owner", "n", "levels", "ends", "before", "indexed", "last_match", "last_witness")
 
     def __init__(self, owner: object, n: int) -> None:
         # the sequence it indexes: request ids restart with every scheduler, a slot's next
@@ -39,15 +41,21 @@ class _SlotIndex:
         # the tuple, keeps a long context's index small; a collision is caught by ``match``,
         # which compares the tokens)
         self.ends: dict[int, dict[int, int]] = {lv: {} for lv in self.levels}
+        self.before: dict[int, dict[int, int]] = {lv: {} for lv in self.levels}  # the end before that
         self.indexed = 0  # n-grams ending before this position are in ``ends``
         self.last_match = 0
+        self.last_witness = ONCE
 
     def grow(self, seq: list[int], upto: int) -> None:
         """Index every n-gram that ends before ``upto`` and is followed by a token."""
         for lv in self.levels:
-            ends = self.ends[lv]
+            ends, before = self.ends[lv], self.before[lv]
             for e in range(max(lv, self.indexed), upto):
-                ends[hash(tuple(seq[e - lv:e]))] = e
+                h = hash(tuple(seq[e - lv:e]))
+                last = ends.get(h)
+                if last is not None:
+                    before[h] = last
+                ends[h] = e
         self.indexed = max(self.indexed, upto)
 
 
@@ -63,20 +71,31 @@ def match(seq: list[int], idx: _SlotIndex) -> tuple[int, int]:
     """(where the continuation starts, match length) of the last earlier occurrence of the
     longest indexed n-gram the sequence ends with; (-1, 0) when not even its last
     ``spec_ngram_size_n`` tokens occurred before."""
+    e, length, _ = witnessed_match(seq, idx)
+    return e, length
+
+
+def witnessed_match(seq: list[int], idx: _SlotIndex) -> tuple[int, int, int]:
+    """``match`` and its witness (``policy.WITNESSES``): whether the matched n-gram's occurrence
+    before that one was followed by the same token (ONCE when there was none)."""
     L = len(seq)
     if L <= idx.n:
-        return -1, 0
+        return -1, 0, ONCE
     idx.grow(seq, L)  # every n-gram whose next token is known: all but the current one
     for lv in reversed(idx.levels):
         if L <= lv:
             continue
-        e = idx.ends[lv].get(hash(tuple(seq[L - lv:])))
+        h = hash(tuple(seq[L - lv:]))
+        e = idx.ends[lv].get(h)
         if e is None:
             continue
         length = _length(seq, e, MAX_MATCH)
         if length >= lv:  # else a hash collision: try a shorter n-gram
-            return e, length
-    return -1, 0
+            p = idx.before[lv].get(h)
+            if p is None or seq[p - lv:p] != seq[L - lv:]:  # none, or a collision
+                return e, length, ONCE
+            return e, length, AGREE if seq[p] == seq[e] else DISAGREE
+    return -1, 0, ONCE
 
 
 class LookupDrafter:
@@ -103,12 +122,12 @@ class LookupDrafter:
         self.counters.calls += 1
         idx = self._index(s)
         seq = s.seq
-        e, length = match(seq, idx)
-        idx.last_match = length
+        e, length, witness = witnessed_match(seq, idx)
+        idx.last_match, idx.last_witness = length, witness
         tokens: list[int] = []
         if e >= 0:
             cap = min(n_max, s.cfg.spec_ngram_size_m, len(seq) - e)
-            k = self.book.length(length, cap)
+            k = self.book.length(length, cap, witness)
             tokens = seq[e:e + k]
             for i, t in enumerate(tokens):  # nothing after an end-of-generation token
                 if t in s.eog:
@@ -120,4 +139,5 @@ class LookupDrafter:
     def accept(self, s: Seq, proposal: Proposal, n_accepted: int, start: int) -> None:
         if proposal.drafter is self:
             self.counters.add(len(proposal.tokens), n_accepted)
-            self.book.record(self._index(s).last_match, len(proposal.tokens), n_accepted)
+            idx = self._index(s)
+            self.book.record(idx.last_match, len(proposal.tokens), n_accepted, idx.last_witness)

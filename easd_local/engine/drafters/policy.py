@@ -13,6 +13,13 @@ the text is more often right than one that matched 2), from a prior worth two pr
 expects a match of L tokens to go on with probability 1 − 1/(L + 1) (2: 0.67, 4: 0.8, 8:
 0.89), so that a text being copied is proposed in long blocks from its first match. A bucket whose best length is 0 still proposes one token on every
 ``EXPLORE``-th match, so that it can learn that the text has started to repeat.
+
+A lookup also says what its second witness says (``WITNESSES``): the n-gram it matched occurred
+once before (``ONCE``), or twice and the earlier time it was followed by the same token
+(``AGREE``) or another (``DISAGREE``). Each is counted apart: a continuation two places agree
+on is taken up more often (replayed along the default target's own texts with this machine's
+costs, ``python scripts/lookup_replay.py``: the policy's median on 20 code edits 1.279x ->
+1.313x, on 10 GSM8K answers 1.005x -> 1.025x).
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ DEFAULT_SLOPE = 0.29
 EXPLORE = 8
 BUCKETS = (2, 3, 4, 6, 8, 12, 16)  # a match of at least this many tokens falls in this bucket
 PRIOR = 2.0  # the prior's weight, in tokens
+# what the occurrence before the matched one says of the continuation (``lookup.match``)
+ONCE, AGREE, DISAGREE = 0, 1, 2
+WITNESSES = (ONCE, AGREE, DISAGREE)
 
 
 def linear_costs(k_max: int, slope: float = DEFAULT_SLOPE) -> tuple[float, ...]:
@@ -59,33 +69,36 @@ def best_length(a: float, costs: Sequence[float], k_max: int) -> int:
     return best_k
 
 
-def bucket(match_len: int) -> int:
+def bucket(match_len: int, witness: int = ONCE) -> int:
+    """The book's cell of a lookup: its match length's bucket, apart for each witness."""
     b = 0
     for i, lo in enumerate(BUCKETS):
         if match_len >= lo:
             b = i
-    return b
+    return witness * len(BUCKETS) + b
 
 
 @dataclass
 class AcceptanceBook:
-    """Accepted and rejected looked-up tokens per match-length bucket, and the lengths they
-    make worth proposing. Shared by every sequence of one drafter: a served conversation's
-    next request starts with what the last one learnt."""
+    """Accepted and rejected looked-up tokens per match-length bucket and witness (``bucket``),
+    and the lengths they make worth proposing. Shared by every sequence of one drafter: a
+    served conversation's next request starts with what the last one learnt."""
 
     costs: tuple[float, ...]
-    accepted: list[float] = field(default_factory=lambda: [PRIOR * (1 - 1 / (lo + 1)) for lo in BUCKETS])
-    rejected: list[float] = field(default_factory=lambda: [PRIOR / (lo + 1) for lo in BUCKETS])
-    skipped: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
+    accepted: list[float] = field(
+        default_factory=lambda: [PRIOR * (1 - 1 / (lo + 1)) for _ in WITNESSES for lo in BUCKETS])
+    rejected: list[float] = field(default_factory=lambda: [PRIOR / (lo + 1) for _ in WITNESSES for lo in BUCKETS])
+    skipped: list[int] = field(default_factory=lambda: [0] * (len(WITNESSES) * len(BUCKETS)))
 
     def rate(self, b: int) -> float:
         return self.accepted[b] / (self.accepted[b] + self.rejected[b])
 
-    def length(self, match_len: int, available: int) -> int:
-        """How many of ``available`` looked-up tokens to propose after a match of ``match_len``."""
+    def length(self, match_len: int, available: int, witness: int = ONCE) -> int:
+        """How many of ``available`` looked-up tokens to propose after a match of ``match_len``
+        with this ``witness``."""
         if available <= 0:
             return 0
-        b = bucket(match_len)
+        b = bucket(match_len, witness)
         k = best_length(self.rate(b), self.costs, available)
         if k == 0:
             self.skipped[b] += 1
@@ -93,11 +106,11 @@ class AcceptanceBook:
                 k = 1
         return k
 
-    def record(self, match_len: int, proposed: int, accepted: int) -> None:
+    def record(self, match_len: int, proposed: int, accepted: int, witness: int = ONCE) -> None:
         """A proposal of ``proposed`` tokens of which the first ``accepted`` were accepted (the
         next one, if any, was rejected; tokens after it were never tested)."""
         if proposed <= 0:
             return
-        b = bucket(match_len)
+        b = bucket(match_len, witness)
         self.accepted[b] += accepted
         self.rejected[b] += accepted < proposed
