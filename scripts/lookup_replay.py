@@ -2,12 +2,19 @@
 """Prompt lookup replayed along the target's own greedy texts of a ``bench_lookup.py`` run, priced
 with this machine's recorded verify costs (``easd-local pair costs``): what the lookup drafter's
 policy gives (``pairscore.lookup.simulate``, one drafter's book carried through the set, as a
-server's), and what a drafter that followed the same places and knew how many of its tokens
-would be accepted would give (the ceiling of any length policy). Decode time only, no llama.cpp
-decode: the target's texts and the prompts (tokenized with the target's vocabulary) are all it
-reads.
+server's), the same policy blind to its second witness (every match counted as ``ONCE``: the
+policy before it), and what a drafter that followed the same places and knew how many of its
+tokens would be accepted would give (the ceiling of any length policy). Decode time only, no
+llama.cpp decode: the target's texts and the prompts (tokenized with the target's vocabulary)
+are all it reads.
 
     python scripts/lookup_replay.py results/lookup-code-256.jsonl results/lookup-gsm8k-256.jsonl
+    python scripts/lookup_replay.py --study results/study/gsm8k-greedy.jsonl --skip 10 --limit 100
+
+``--study``: the quality study's greedy answers of the target alone (its ``completion`` texts,
+tokenized again, their first 256 tokens) to GSM8K questions after the first ``--skip`` (the
+256-token bench's ten), each after the question as ``bench_lookup.py`` renders it (the study's
+own prompt differed: an approximation of the prompt, held-out texts).
 """
 
 from __future__ import annotations
@@ -86,11 +93,16 @@ def target_texts(run: Path, vocab) -> list[tuple[list[int], list[int]]]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("runs", nargs="+", type=Path, help="bench_lookup.py --json files")
+    ap.add_argument("runs", nargs="*", type=Path, help="bench_lookup.py --json files")
+    ap.add_argument("--study", type=Path, help="the study's gsm8k-greedy.jsonl (its target answers)")
+    ap.add_argument("--skip", type=int, default=10, help="with --study: GSM8K questions skipped first")
+    ap.add_argument("--limit", type=int, default=100, help="with --study: answers replayed")
     a = ap.parse_args(argv)
-    for f in a.runs:
+    for f in a.runs + ([a.study] if a.study else []):
         if not f.is_file():
-            ap.error(f"{f}: no such file (a bench_lookup.py --json output)")
+            ap.error(f"{f}: no such file")
+    if not a.runs and not a.study:
+        ap.error("give bench_lookup.py --json files, or --study")
     from easd_local.engine.drafters.policy import AcceptanceBook
     from easd_local.llamacpp.runtime import ModelFile
     from easd_local.pairscore.lookup import simulate
@@ -101,16 +113,37 @@ def main(argv: list[str]) -> int:
     files, rec, costs = got
     print(f"verify costs recorded {rec.get('date')}: " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(costs[:9])))
     vocab = ModelFile(files.target).vocab
-    for f in a.runs:
-        book = AcceptanceBook(costs)
-        policy, best = [], []
-        for prompt, text in target_texts(f, vocab):
+    sets = [(f.name, target_texts(f, vocab)) for f in a.runs]
+    if a.study:
+        sets.append((f"{a.study.name} (questions {a.skip + 1}-)", study_texts(a.study, vocab, a.skip, a.limit)))
+    for name, texts in sets:
+        book, blind_book = AcceptanceBook(costs), AcceptanceBook(costs)
+        policy, blind, best = [], [], []
+        for prompt, text in texts:
             policy.append(simulate(prompt, text, book).speedup)
+            blind.append(simulate(prompt, text, blind_book, witnessed=False).speedup)
             best.append(oracle(prompt, text, costs))
-        for name, xs in (("the drafter's policy", policy), ("knowing the accepted length", best)):
-            print(f"{f.name}: {len(xs)} texts, {name}: median {statistics.median(xs):.3f}x, "
-                  f"min {min(xs):.3f}x, max {max(xs):.3f}x")
+        for what, xs in (("the drafter's policy", policy), ("the policy blind to its witness", blind),
+                         ("knowing the accepted length", best)):
+            print(f"{name}: {len(xs)} texts, {what}: median {statistics.median(xs):.3f}x, "
+                  f"mean {statistics.mean(xs):.3f}x, min {min(xs):.3f}x, max {max(xs):.3f}x")
     return 0
+
+
+def study_texts(path: Path, vocab, skip: int, limit: int, n_tokens: int = 256) -> list[tuple[list[int], list[int]]]:
+    """(prompt, the target's answer) of the study's greedy target answers to GSM8K questions
+    ``skip``.. (``--study``)."""
+    answers = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line) if line.strip() else {}
+        if r.get("method") == "target" and r.get("completion"):
+            answers[r["index"]] = r["completion"]
+    out = []
+    for i, q in enumerate(B.load_requests("gsm8k", skip + 4 * limit)):
+        if i >= skip and i in answers and len(out) < limit:
+            text = vocab.tokenize(answers[i], add_special=False, parse_special=False)[:n_tokens]
+            out.append((prompt_tokens(vocab, q["text"]), text))
+    return out
 
 
 if __name__ == "__main__":

@@ -187,6 +187,19 @@ def test_book_counts_each_witness_apart():
     assert book.length(2, 10) == book.length(2, 10, P.ONCE)
 
 
+def test_simulate_blind_to_the_witness_counts_every_match_once():
+    from easd_local.pairscore.lookup import simulate
+    text = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 1, 2, 3, 5] * 4
+    costs = P.linear_costs(64, 0.29)
+    seen, blind = P.AcceptanceBook(costs), P.AcceptanceBook(costs)
+    simulate([9, 1, 2, 3, 4], text, seen)
+    simulate([9, 1, 2, 3, 4], text, blind, witnessed=False)
+    n = len(P.BUCKETS)
+    fresh = P.AcceptanceBook(costs)
+    assert blind.accepted[n:] == fresh.accepted[n:] and blind.rejected[n:] == fresh.rejected[n:]
+    assert seen.accepted[n:] != fresh.accepted[n:] or seen.rejected[n:] != fresh.rejected[n:]
+
+
 def test_best_length_follows_acceptance_and_costs():
     costs = P.linear_costs(16, 0.29)
     assert P.best_length(0.1, costs, 16) == 0  # seldom right: the target's own decode

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..engine.drafters import lookup as L
-from ..engine.drafters.policy import AcceptanceBook
+from ..engine.drafters.policy import ONCE, AcceptanceBook
 
 K_MAX = 64
 
@@ -44,11 +44,14 @@ class LookupSim:
 
 
 def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *, size_n: int = 2,
-             size_m: int = 16, may_draft: Callable[[int], bool] | None = None) -> LookupSim:
+             size_m: int = 16, may_draft: Callable[[int], bool] | None = None,
+             witnessed: bool = True) -> LookupSim:
     """Greedy lookup SD along ``text`` after ``prompt``; ``book`` carries what the drafter
     learnt (pass one book through a corpus, as one server's drafter would). ``may_draft(i)``:
     a rule tried on top of the drafter's (``scripts/lookup_confidence.py``), asked before
-    proposing at text position ``i``; False: no proposal there."""
+    proposing at text position ``i``; False: no proposal there. ``witnessed=False``: every
+    match counted as ``ONCE`` (the policy before the drafter read its second witness;
+    ``scripts/lookup_replay.py`` compares the two)."""
     out = LookupSim()
     seq = list(prompt)
     idx = L._SlotIndex(0, size_n)
@@ -56,6 +59,8 @@ def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *
     costs = book.costs
     while i < n:
         e, length, witness = L.witnessed_match(seq, idx)
+        if not witnessed:
+            witness = ONCE
         k = 0
         if e >= 0 and (may_draft is None or may_draft(i)):
             k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX), witness)

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""The lookup drafter's witness, live: prompt lookup with and without it, and the target alone,
+side by side per request in one process on the default pair (greedy, decode tokens/s).
+
+    python scripts/lookup_witness_ab.py --set gsm8k --limit 20 --json results/lookup-witness-ab-gsm8k.jsonl
+    python scripts/lookup_witness_ab.py --set code --limit 20
+
+``ngram-simple`` as it is (its ``AcceptanceBook`` counts acceptance apart by the matched
+n-gram's second witness, ``policy.WITNESSES``) against the same drafter told every match has
+none (``ONCE``: the policy before the witness), each with its own book carried through the set
+as a server's drafter carries it, and the target alone; the three runs of a request one after
+another, their order reversed on odd requests, so that the drift of a shared machine falls on
+all three. Requests and their rendering are ``bench_lookup.py``'s. Printed per request: tok/s
+of each and the two lookups' ratios to the target; then the medians, and the witness's ratio
+to the one without (per request, its median). Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+
+import bench_lookup as B  # noqa: E402  (its requests, its run of ours)
+
+METHODS = ("target", "witness", "no-witness")
+
+
+def blind_drafter(book):
+    """A lookup drafter that never consults the witness: the policy before it."""
+    from easd_local.engine.drafters import lookup as L
+    from easd_local.engine.drafters.policy import ONCE
+
+    class Blind(L.LookupDrafter):
+        def draft(self, s, n_max):
+            seen = L.witnessed_match
+            L.witnessed_match = lambda seq, idx: (*seen(seq, idx)[:2], ONCE)
+            try:
+                return (yield from super().draft(s, n_max))
+            finally:
+                L.witnessed_match = seen
+
+    return Blind(book)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--set", choices=("code", "gsm8k"), default="gsm8k")
+    ap.add_argument("--limit", type=int, default=20)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="write one row per (request, method)")
+    a = ap.parse_args(argv)
+    from easd_local.engine.config import DecodeConfig
+    from easd_local.engine.drafters import make
+    from easd_local.engine.pair import open_models
+    from easd_local.llamacpp.runtime import LoadOptions
+    from easd_local.store import costs as cost_store
+    from easd_local.store.resolve import resolve_pair
+
+    files = resolve_pair(None, None, None)
+    rec = cost_store.find(cost_store.costs_key(files.draft, files.target, a.threads, 0, None))
+    costs = rec.get("verify_costs") if rec else None
+    if not costs:
+        print("error: no verify costs recorded for the default pair (run `easd-local pair costs`)", file=sys.stderr)
+        return 2
+    requests = B.load_requests(a.set, a.limit)
+    cfg = DecodeConfig(mode="target", max_tokens=a.max_tokens, temperature=0.0)
+    rows = []
+    out = open(a.json, "w", encoding="utf-8") if a.json else None
+    load0 = os.getloadavg()[0]
+    with open_models(None, files.target, LoadOptions(n_threads=a.threads, n_gpu_layers=0)) as pair:
+        pair.verify_costs = costs
+        witness = make("ngram-simple", None, costs)
+        blind = blind_drafter(witness.book.__class__(witness.book.costs))
+        B.run_ours(pair, pair.target.vocab.tokenize("Hello", add_special=True), "target", cfg)  # warm-up
+        for i, q in enumerate(requests):
+            chat = pair.target.vocab.apply_chat_template([{"role": "user", "content": q["text"]}])
+            tokens = pair.target.vocab.tokenize(chat, add_special=True, parse_special=True)
+            got = {}
+            for m in (METHODS if i % 2 == 0 else METHODS[::-1]):
+                if m != "target":
+                    pair.use_drafter("ngram-simple", witness if m == "witness" else blind)
+                r = B.run_ours(pair, tokens, "target" if m == "target" else "ngram-simple", cfg)
+                got[m] = r
+                row = {"request": q["id"], "method": m, "tokens": r["tokens"], "tok_s": r["tok_s"],
+                       "drafted": r["drafted"], "accepted": r["accepted"], "set": a.set}
+                rows.append(row)
+                if out:
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+            t = got["target"]["tok_s"]
+            print(f"{q['id']:26s} target {t:6.2f}  witness {got['witness']['tok_s']:6.2f} "
+                  f"({got['witness']['tok_s'] / t:.3f}x)  no-witness {got['no-witness']['tok_s']:6.2f} "
+                  f"({got['no-witness']['tok_s'] / t:.3f}x)", flush=True)
+    if out:
+        out.close()
+    by = {m: {r["request"]: r["tok_s"] for r in rows if r["method"] == m} for m in METHODS}
+    ids = list(by["target"])
+    w = [by["witness"][k] / by["target"][k] for k in ids]
+    b = [by["no-witness"][k] / by["target"][k] for k in ids]
+    wb = [by["witness"][k] / by["no-witness"][k] for k in ids]
+    print(f"\n{a.set}, {len(ids)} requests, {a.max_tokens} tokens, {a.threads} threads; load {load0:.2f} at start, "
+          f"{os.getloadavg()[0]:.2f} at end")
+    for name, xs in (("witness / target", w), ("no-witness / target", b), ("witness / no-witness", wb)):
+        print(f"{name:22s} median {statistics.median(xs):.3f}  min {min(xs):.3f}  max {max(xs):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
