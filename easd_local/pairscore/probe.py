@@ -1,6 +1,8 @@
 """A short timing probe on this machine: what one decode of each kind SD is made of costs,
 for the predicted speed-up. Each is timed ``reps`` times after a context of real text and
-the median kept (this machine may be busy: the median shrugs off a stall).
+the median kept (this machine may be busy: the median shrugs off a stall); one model's shapes
+are timed in turn within each round, so that a drift of the machine's speed over the probe
+moves them alike and their ratios (the verify costs in one-token decodes) stand.
 
 - the target, one token, logits at it: a ``target`` mode step;
 - the target, k = 2..gamma+1 tokens with logits at every one: an SD verify of gamma = k − 1;
@@ -19,18 +21,23 @@ from ..llamacpp.runtime import Part
 from .predict import GAMMAS, Costs
 
 
-def _time(model, context: Sequence[int], tokens: Sequence[int], rows: Sequence[int], reps: int) -> float:
+def _time(model, context: Sequence[int], shapes: Sequence[tuple[Sequence[int], Sequence[int]]],
+          reps: int) -> list[float]:
+    """The median seconds of one decode of each (tokens, rows) shape after ``context``, the
+    shapes taken in turn within each of ``reps`` rounds (after a warm-up round), so that a drift
+    of this machine's speed falls on every shape alike: the costs are read as ratios of them."""
     prefill(model, context)
     n = len(context)
-    times = []
-    for r in range(reps + 1):  # the first is a warm-up
-        t0 = time.perf_counter()
-        model.decode_batch([Part(0, list(tokens), rows)])
-        dt = time.perf_counter() - t0
-        model.rollback(n)
-        if r:
-            times.append(dt)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in shapes]
+    for r in range(reps + 1):  # the first round is a warm-up
+        for i, (tokens, rows) in enumerate(shapes):
+            t0 = time.perf_counter()
+            model.decode_batch([Part(0, list(tokens), rows)])
+            dt = time.perf_counter() - t0
+            model.rollback(n)
+            if r:
+                times[i].append(dt)
+    return [statistics.median(t) for t in times]
 
 
 def probe(target, drafts: Sequence, context: Sequence[int], *, max_gamma: int = max(GAMMAS),
@@ -41,11 +48,10 @@ def probe(target, drafts: Sequence, context: Sequence[int], *, max_gamma: int = 
     if len(context) < k_max + 1:
         raise ValueError(f"the probe needs at least {k_max + 1} tokens of context, got {len(context)}")
     ctx, toks = list(context[:-k_max]), list(context[-k_max:])
-    t_one = _time(target, ctx, toks[:1], (0,), reps)
-    verify = {k: _time(target, ctx, toks[:k], range(k), reps) for k in range(2, k_max + 1)}
+    t_one, *t_verify = _time(target, ctx, [(toks[:k], range(k)) for k in range(1, k_max + 1)], reps)
+    verify = dict(zip(range(2, k_max + 1), t_verify))
     out = []
     for d in drafts:
-        one = _time(d, ctx, toks[:1], (0,), reps)
-        two = _time(d, ctx, toks[:2], (1,), reps)
+        one, two = _time(d, ctx, [(toks[:1], (0,)), (toks[:2], (1,))], reps)
         out.append(Costs(target_token=t_one, target_verify=verify, draft_token=one, draft_two=two))
     return out
