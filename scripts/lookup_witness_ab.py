@@ -33,23 +33,6 @@ import bench_lookup as B  # noqa: E402  (its requests, its run of ours)
 METHODS = ("target", "witness", "no-witness")
 
 
-def blind_drafter(book):
-    """A lookup drafter that never consults the witness: the policy before it."""
-    from easd_local.engine.drafters import lookup as L
-    from easd_local.engine.drafters.policy import ONCE
-
-    class Blind(L.LookupDrafter):
-        def draft(self, s, n_max):
-            seen = L.witnessed_match
-            L.witnessed_match = lambda seq, idx: (*seen(seq, idx)[:2], ONCE)
-            try:
-                return (yield from super().draft(s, n_max))
-            finally:
-                L.witnessed_match = seen
-
-    return Blind(book)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -61,6 +44,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from easd_local.engine.config import DecodeConfig
     from easd_local.engine.drafters import make
+    from easd_local.engine.drafters.lookup import LookupDrafter
+    from easd_local.engine.drafters.policy import AcceptanceBook
     from easd_local.engine.pair import open_models
     from easd_local.llamacpp.runtime import LoadOptions
     from easd_local.store import costs as cost_store
@@ -80,7 +65,7 @@ def main(argv=None) -> int:
     with open_models(None, files.target, LoadOptions(n_threads=a.threads, n_gpu_layers=0)) as pair:
         pair.verify_costs = costs
         witness = make("ngram-simple", None, costs)
-        blind = blind_drafter(witness.book.__class__(witness.book.costs))
+        blind = LookupDrafter(AcceptanceBook(witness.book.costs), witnessed=False)
         B.run_ours(pair, pair.target.vocab.tokenize("Hello", add_special=True), "target", cfg)  # warm-up
         for i, q in enumerate(requests):
             chat = pair.target.vocab.apply_chat_template([{"role": "user", "content": q["text"]}])

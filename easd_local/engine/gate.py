@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .finite import NonFiniteRow
+from .finite import checked
 from .modes import MODE_TABLE
 
 
@@ -154,10 +154,7 @@ def entropy_against(row: np.ndarray, tau: float) -> float:
         b = entropy_bounds(row)
         if settles(b, tau):
             return b[1]
-    h = float(entropy(row))
-    if math.isnan(h):  # NaN exactly when the row is not finite
-        raise NonFiniteRow("the model produced NaN or infinite logits")
-    return h
+    return checked(float(entropy(row)))  # NaN exactly when the row is not finite
 
 
 def _masked_t(row: np.ndarray) -> np.float64:
@@ -320,8 +317,8 @@ class Gate:
         else:
             h_t = float(entropy(z_target_row)) if h_target is None else h_target
             h_d = float(entropy(z_draft_row))
-        if math.isnan(h_d) or math.isnan(h_t):  # an entropy is NaN exactly when its row is not finite
-            raise NonFiniteRow("the model produced NaN or infinite logits")
+        checked(h_d)  # an entropy is NaN exactly when its row is not finite
+        checked(h_t)
         ov = float(top_n_overlap(z_draft_row, z_target_row, self.top_n))
         d_ok, t_ok, o_ok = conditions(h_d, h_t, ov, self.tau_draft, self.tau_target, self.tau_overlap)
         return Reading(h_d, h_t, ov, d_ok and t_ok and o_ok)

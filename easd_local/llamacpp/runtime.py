@@ -458,7 +458,8 @@ class Model(ModelFile):
         are a numpy view over llama.cpp's own logits buffer (no copy out), valid until this
         model's next decode, which overwrites them. Whoever keeps a row past that copies it;
         nobody writes into one; the borrower checks them (the decoding rules check each row
-        they read: ``engine.finite``), where it can fail just their sequence. The decoding loop (``scheduler``) decodes this way."""
+        they read: ``engine.finite``), where it can fail just their sequence. The decoding
+        loop (``scheduler``) decodes this way."""
         was, self._lend = self._lend, True
         try:
             yield

@@ -102,8 +102,11 @@ class LookupDrafter:
     kind = "ngram-simple"
     model = None
 
-    def __init__(self, book: AcceptanceBook) -> None:
+    def __init__(self, book: AcceptanceBook, witnessed: bool = True) -> None:
         self.book = book
+        # False: every match counted as ONCE, the policy before the witness (for comparisons:
+        # scripts/lookup_witness_ab.py; pairscore.lookup.simulate has the same switch)
+        self.witnessed = witnessed
         self.counters = Counters()
         self._slots: dict[int, _SlotIndex] = {}
 
@@ -123,6 +126,8 @@ class LookupDrafter:
         idx = self._index(s)
         seq = s.seq
         e, length, witness = witnessed_match(seq, idx)
+        if not self.witnessed:
+            witness = ONCE
         idx.last_match, idx.last_witness = length, witness
         tokens: list[int] = []
         if e >= 0:
