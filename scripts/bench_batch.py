@@ -58,10 +58,10 @@ def one_b(a) -> dict:
     cls = type(pair.target)
     real = cls.decode_batch
 
-    def timed(model, parts):
+    def timed(model, parts, **kw):
         t = time.perf_counter()
         try:
-            return real(model, parts)
+            return real(model, parts, **kw)
         finally:
             if all(len(p.logits_at) == 0 for p in parts):
                 prefill[0] += time.perf_counter() - t

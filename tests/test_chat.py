@@ -224,10 +224,10 @@ def test_second_turn_evaluates_only_new_tokens(tiny_draft, tiny_target, tmp_path
     evaluated: dict[str, int] = {"target": 0, "draft": 0}
     real_decode = Model.decode_batch
 
-    def counting(self, parts):
+    def counting(self, parts, **kw):
         who = "draft" if "draft" in self.path.name else "target"
         evaluated[who] += sum(len(p.tokens) for p in parts)
-        return real_decode(self, parts)
+        return real_decode(self, parts, **kw)
 
     monkeypatch.setattr(Model, "decode_batch", counting)
     pair, s = _session(tiny_draft, tiny_target, tmp_path, mode="sd", max_tokens=8, temperature=0.0)

@@ -86,9 +86,9 @@ class Counting:
         real = Model.decode_batch
         names = {id(pair.target): "target", id(pair.draft): "draft"}
 
-        def counting(model, parts):
+        def counting(model, parts, **kw):
             self.n[names[id(model)]] += sum(len(p.tokens) for p in parts)
-            return real(model, parts)
+            return real(model, parts, **kw)
 
         monkeypatch.setattr(Model, "decode_batch", counting)
 

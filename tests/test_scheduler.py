@@ -203,9 +203,9 @@ class Rows:
         cls = type(pair.target)
         orig = cls.decode_batch
 
-        def recording(model, parts):
+        def recording(model, parts, **kw):
             starts = [model.seq_len(p.seq) for p in parts]
-            out = orig(model, parts)
+            out = orig(model, parts, **kw)
             role = "target" if model is pair.target else "draft"
             for p, st, z in zip(parts, starts, out):
                 n = len(p.tokens)
@@ -340,8 +340,8 @@ def test_a_failure_in_one_sequence_leaves_the_others(pair, monkeypatch):
     cfg = cfg_of("easd")
     orig = type(pair.target).decode_batch
 
-    def poisoned(self, parts):
-        out = orig(self, parts)
+    def poisoned(self, parts, **kw):
+        out = orig(self, parts, **kw)
         for p, z in zip(parts, out):
             if self is pair.target and p.seq == 1 and self.seq_len(1) > len(prompts[1]) + 8:
                 z[:] = np.nan
@@ -356,7 +356,7 @@ def test_a_failure_in_one_sequence_leaves_the_others(pair, monkeypatch):
     assert_same_up_to_near_ties(pair, [prompts[0], prompts[2]], [cfg] * 2, [0, 0], ok, max_parted=1)
     # generate (B = 1) raises the failure
     monkeypatch.setattr(type(pair.target), "decode_batch",
-                        lambda self, parts: [np.full_like(z, np.nan) for z in orig(self, parts)])
+                        lambda self, parts, **kw: [np.full_like(z, np.nan) for z in orig(self, parts, **kw)])
     with pytest.raises(Exception, match="NaN or infinite logits"):
         solo(pair, prompts[0], cfg, 0)
 
@@ -381,8 +381,8 @@ def test_rows_are_checked_by_the_rules_that_read_them(pair, monkeypatch, mode, w
     model = pair.target if which == "target" else pair.draft
     orig = type(pair.target).decode_batch
 
-    def poisoned(self, parts):
-        out = orig(self, parts)
+    def poisoned(self, parts, **kw):
+        out = orig(self, parts, **kw)
         for p, z in zip(parts, out):
             if self is model and p.seq == 1 and len(z) and self.seq_len(1) > len(prompts[1]) + 4:
                 if poison == "nan":  # the first row is read at every step, the last one not always

@@ -291,12 +291,11 @@ class Scheduler:
             waiting[s] = (step, model, part)
 
     def _decode(self, model: Model, parts: list[Part]) -> list[np.ndarray]:
-        """One batched decode (rows lent: ``Model.lending_rows``), its seconds inside
-        ``llama_decode`` added to every active sequence's clock."""
+        """One batched decode (rows lent: ``Model.decode_batch``'s ``lend``), its seconds
+        inside ``llama_decode`` added to every active sequence's clock."""
         t0 = model.seconds_decode
         try:
-            with model.lending_rows():
-                return model.decode_batch(parts)
+            return model.decode_batch(parts, lend=True)
         finally:
             dt = model.seconds_decode - t0
             target = model is self.target

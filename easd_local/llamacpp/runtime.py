@@ -26,7 +26,6 @@ import ctypes
 import mmap
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -164,6 +163,7 @@ class ModelFile:
     def __init__(self, path: str | os.PathLike, opts: LoadOptions = LoadOptions(), *, weights: bool = False,
                  extra_bufts: bool = True):
         self.path = check_gguf_file(path)
+        self.name = self.path.name  # every decode names its file in its errors: read once
         self.opts = opts
         self._model = None
         sink = llama_log.ensure_backend(opts.verbose)
@@ -284,7 +284,6 @@ class Model(ModelFile):
         # seconds spent inside llama_decode, summed over this model's decodes: the model's own
         # time; everything around it (filling the batch, reading the logits) is the caller's
         self.seconds_decode = 0.0
-        self._lend = False  # see lending_rows
         self.n_seq = max(1, int(opts.n_seq))
         self._seqs: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._tokens = self._seqs[0]  # sequence 0, the single-sequence API
@@ -332,6 +331,10 @@ class Model(ModelFile):
         self.kv_bytes = self.kv_cache_bytes(self.n_ctx_total)
         self.n_batch = int(cparams.n_batch)
         self._batch = _ll.llama_batch_init(self.n_batch, 0, 1)
+        # the batch's arrays, read once: each attribute read of a ctypes pointer field builds a
+        # new pointer object, and a step fills the batch every decode
+        b = self._batch
+        self._fields = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
 
     def _repack_words(self) -> str:
         return "weight repacking on" if self.repack.extra_bufts else "weight repacking off"
@@ -452,27 +455,19 @@ class Model(ModelFile):
         self.rollback(start_pos, seq)
         return self.decode_batch([part])[0]
 
-    @contextmanager
-    def lending_rows(self):
-        """Within it, ``decode_batch`` lends its rows instead of copying them: each part's rows
-        are a numpy view over llama.cpp's own logits buffer (no copy out), valid until this
-        model's next decode, which overwrites them. Whoever keeps a row past that copies it;
-        nobody writes into one; the borrower checks them (the decoding rules check each row
-        they read: ``engine.finite``), where it can fail just their sequence. The decoding
-        loop (``scheduler``) decodes this way."""
-        was, self._lend = self._lend, True
-        try:
-            yield
-        finally:
-            self._lend = was
-
-    def decode_batch(self, parts: Sequence[Part]) -> list[np.ndarray]:
+    def decode_batch(self, parts: Sequence[Part], *, lend: bool = False) -> list[np.ndarray]:
         """Evaluate several sequences' tokens in one ``llama_decode`` (several when they
         exceed n_batch): each part's tokens are appended at the end of its sequence. Returns,
-        per part, its requested rows as one compact float32 array (len(logits_at), n_vocab):
-        a copy, or inside ``lending_rows`` a view over llama.cpp's buffer when the batch is
-        one ``llama_decode`` (the rows of a longer one are copied all the same). Only the rows
-        asked for are computed and read; outside ``lending_rows`` each is checked to be finite.
+        per part, its requested rows as one compact float32 array (len(logits_at), n_vocab).
+        Only the rows asked for are computed and read.
+
+        By default the rows are copies, each checked to be finite. ``lend=True`` (the decoding
+        loop, ``scheduler``) lends them instead when the batch is one ``llama_decode``: each
+        part's rows are a numpy view over llama.cpp's own logits buffer (no copy out), valid
+        until this model's next decode, which overwrites them; whoever keeps a row past that
+        copies it; nobody writes into one; the borrower checks them (the decoding rules check
+        each row they read: ``engine.finite``), where it can fail just their sequence. The rows
+        of a longer batch are copied all the same.
 
         At most one part per sequence. A failed decode leaves every sequence as it was."""
         if self._ctx is None:
@@ -492,10 +487,10 @@ class Model(ModelFile):
             self._unsure.add(p.seq)
             row_of = {idx: r for r, idx in enumerate(want)}
             flat.extend((k, j, row_of.get(j, -1)) for j in range(len(p.tokens)))
-        lend = self._lend and len(flat) <= self.n_batch
+        lend = lend and len(flat) <= self.n_batch
         outs = None if lend else [np.empty((len(w), self.n_vocab), dtype=np.float32) for w in wants]
         for c0 in range(0, len(flat), self.n_batch):
-            outs_at = _fill_batch(self._batch, flat[c0 : c0 + self.n_batch], parts, starts)
+            outs_at = _fill_batch(self._batch, self._fields, flat[c0 : c0 + self.n_batch], parts, starts)
             t0 = time.perf_counter()
             rc = _ll.llama_decode(self._ctx, self._batch)
             self.seconds_decode += time.perf_counter() - t0
@@ -504,9 +499,9 @@ class Model(ModelFile):
                     self._seq_rm(p.seq, starts[k])
                 _decode_failed(self.path.name, rc)
             if lend:
-                outs = fresh = _lent_rows(self._ctx, self.path.name, self.n_vocab, outs_at, wants)
+                outs = fresh = _lent_rows(self._ctx, self.name, self.n_vocab, outs_at, wants)
             else:
-                fresh = [_logits_view(self._ctx, self.path.name, self.n_vocab, j, 1)[0] for j, _, _ in outs_at]
+                fresh = [_logits_view(self._ctx, self.name, self.n_vocab, j, 1)[0] for j, _, _ in outs_at]
                 for (_, k, row), z in zip(outs_at, fresh):
                     outs[k][row] = z
             if not lend and not all(all_finite(z) for z in fresh):
@@ -579,7 +574,7 @@ def _logits_view(ctx, name: str, n_vocab: int, j: int, n: int) -> np.ndarray:
 
 def _lent_rows(ctx, name: str, n_vocab: int, outs_at: list[tuple[int, int, int]],
                wants: list[list[int]]) -> list[np.ndarray]:
-    """Each part's rows as one view over llama.cpp's buffer (``Model.lending_rows``);
+    """Each part's rows as one view over llama.cpp's buffer (``decode_batch(..., lend=True)``);
     ``outs_at``: (batch index, part, row) of every row, in batch order."""
     outs = [np.empty((0, n_vocab), dtype=np.float32) if not w else None for w in wants]
     i = 0
@@ -654,7 +649,10 @@ def _rows_wanted(part: Part, start: int, n_ctx: int) -> list[int]:
     """The sorted distinct rows ``part`` asks for; ValueError / ContextOverflowError for a
     part that cannot be decoded at ``start`` in a sequence of ``n_ctx`` cells."""
     n = len(part.tokens)
-    want = sorted({(i + n) if i < 0 else i for i in part.logits_at})
+    if part.logits_at == (-1,) and n:  # a step's usual ask: its last token's row
+        want = [n - 1]
+    else:
+        want = sorted({(i + n) if i < 0 else i for i in part.logits_at})
     if want and (want[0] < 0 or want[-1] >= n):
         raise ValueError(f"logits_at {list(part.logits_at)} out of range for {n} tokens")
     if start + n > n_ctx:
@@ -662,18 +660,20 @@ def _rows_wanted(part: Part, start: int, n_ctx: int) -> list[int]:
     return want
 
 
-def _fill_batch(batch, chunk: list[tuple[int, int, int]], parts: Sequence[Part],
+def _fill_batch(batch, fields, chunk: list[tuple[int, int, int]], parts: Sequence[Part],
                 starts: list[int]) -> list[tuple[int, int, int]]:
     """Write ``chunk`` ((part, token index, wanted row or -1) each) into llama.cpp's
-    ``batch``; return (batch index, part, row) of the rows to copy out after the decode."""
+    ``batch``, whose arrays are ``fields``; return (batch index, part, row) of the rows to
+    copy out after the decode."""
+    token, pos, n_seq_id, seq_id, logits = fields
     outs_at = []
     for j, (k, i, row) in enumerate(chunk):
         p = parts[k]
-        batch.token[j] = p.tokens[i]
-        batch.pos[j] = starts[k] + i
-        batch.n_seq_id[j] = 1
-        batch.seq_id[j][0] = p.seq
-        batch.logits[j] = row >= 0
+        token[j] = p.tokens[i]
+        pos[j] = starts[k] + i
+        n_seq_id[j] = 1
+        seq_id[j][0] = p.seq
+        logits[j] = row >= 0
         if row >= 0:
             outs_at.append((j, k, row))
     batch.n_tokens = len(chunk)
