@@ -3,8 +3,9 @@
 with this machine's recorded verify costs (``easd-local pair costs``): what the lookup drafter's
 policy gives (``pairscore.lookup.simulate``, one drafter's book carried through the set, as a
 server's), the same policy blind to its second witness (every match counted as ``ONCE``: the
-policy before it), and what a drafter that followed the same places and knew how many of its
-tokens would be accepted would give (the ceiling of any length policy). Decode time only, no
+policy before it), the policy without its stop-loss per text (``policy.Ledger``), and what a
+drafter that followed the same places and knew how many of its tokens would be accepted would
+give (the ceiling of any length policy). Decode time only, no
 llama.cpp decode: the target's texts and the prompts (tokenized with the target's vocabulary)
 are all it reads.
 
@@ -117,16 +118,18 @@ def main(argv: list[str]) -> int:
     if a.study:
         sets.append((f"{a.study.name} (questions {a.skip + 1}-)", study_texts(a.study, vocab, a.skip, a.limit)))
     for name, texts in sets:
-        book, blind_book = AcceptanceBook(costs), AcceptanceBook(costs)
-        policy, blind, best = [], [], []
+        book, blind_book, loose_book = AcceptanceBook(costs), AcceptanceBook(costs), AcceptanceBook(costs)
+        policy, blind, loose, best = [], [], [], []
         for prompt, text in texts:
             policy.append(simulate(prompt, text, book).speedup)
             blind.append(simulate(prompt, text, blind_book, witnessed=False).speedup)
+            loose.append(simulate(prompt, text, loose_book, ledger=False).speedup)
             best.append(oracle(prompt, text, costs))
         for what, xs in (("the drafter's policy", policy), ("the policy blind to its witness", blind),
-                         ("knowing the accepted length", best)):
+                         ("the policy without its stop-loss", loose), ("knowing the accepted length", best)):
             print(f"{name}: {len(xs)} texts, {what}: median {statistics.median(xs):.3f}x, "
-                  f"mean {statistics.mean(xs):.3f}x, min {min(xs):.3f}x, max {max(xs):.3f}x")
+                  f"mean {statistics.mean(xs):.3f}x, min {min(xs):.3f}x, max {max(xs):.3f}x, "
+                  f"below 0.95x {sum(x < 0.95 for x in xs)}")
     return 0
 
 

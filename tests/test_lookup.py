@@ -221,6 +221,77 @@ def test_book_stops_proposing_after_rejections_and_explores():
     assert book.length(16, 16) >= 8
 
 
+def test_ledger_holds_back_a_sequence_whose_drafting_has_not_paid():
+    costs = P.linear_costs(16, 0.29)
+    led = P.Ledger()
+    for _ in range(3):  # 3 verifies of 4 tokens, none accepted: 3 tokens for 6.48 decodes
+        assert led.allows()  # under LEDGER_WARM decodes: not judged yet
+        led.record(4, 0, costs)
+    led.record(4, 0, costs)  # 8.64 decodes, 4 tokens
+    ks = [led.allows() for _ in range(P.EXPLORE * 2)]
+    assert ks.count(True) == 2  # held back, all but one in EXPLORE
+    for _ in range(4):
+        led.record(4, 4, costs)  # a text that starts to repeat: 24 tokens for 17.28 decodes
+    assert led.allows()
+    led.record(0, 0, costs)  # no proposal: nothing to count
+    assert (led.tokens, led.cost) == (24.0, pytest.approx(17.28))
+
+
+class _Seq:
+    """What a lookup drafter reads of a sequence (no model: the drafters that need none)."""
+
+    def __init__(self, slot, seq, **cfg):
+        self.slot, self.seq, self.eog = slot, seq, set()
+        self.cfg = DecodeConfig(mode="sd", spec_type="ngram-simple", **cfg)
+
+
+def _drafted(drafter, s, n_max=8):
+    gen = drafter.draft(s, n_max)
+    try:
+        next(gen)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("a lookup drafter asked for a decode")
+
+
+@pytest.mark.parametrize("kind", [L.LookupDrafter, __import__("easd_local.engine.drafters.ngram_mod",
+                                                              fromlist=["NgramModDrafter"]).NgramModDrafter])
+def test_a_drafter_holds_back_per_sequence_not_for_its_book(kind):
+    """A book that learnt copying pays (a server's, after code edits) still proposes for a text
+    that does not repeat until that sequence's own ledger says its drafting has not paid;
+    another sequence (slot, or the next request in the same slot) starts a fresh ledger."""
+    costs = P.linear_costs(16, 0.29)
+    book = P.AcceptanceBook(costs)
+    for b in range(len(P.BUCKETS)):
+        book.accepted[b] += 200  # every match has been followed (ONCE witness)
+    d = kind(book)
+    s = _Seq(0, [7, 1, 2, 3, 1, 2], spec_ngram_mod_n_match=2)
+    proposed = []
+    for _ in range(12):
+        prop = _drafted(d, s)
+        proposed.append(len(prop.tokens))
+        d.accept(s, prop, 0, start=len(s.seq) - 1)  # all rejected: the text goes elsewhere
+    assert all(proposed[:2]) and proposed[-8:].count(0) >= 7
+    other = _Seq(1, list(s.seq), spec_ngram_mod_n_match=2)
+    assert _drafted(d, other).tokens  # another slot: its own ledger
+    again = _Seq(0, list(s.seq), spec_ngram_mod_n_match=2)
+    assert _drafted(d, again).tokens  # the slot's next sequence: a fresh ledger
+
+
+def test_simulate_holds_back_a_text_that_does_not_repeat():
+    from easd_local.pairscore.lookup import simulate
+    costs = P.linear_costs(64, 0.29)
+
+    def learnt():
+        book = P.AcceptanceBook(costs)
+        simulate(list(range(100, 160)), list(range(100, 160)) * 3, book)  # copying paid
+        return book
+    prompt = [1, 2, 3, 4, 5, 6]
+    text = [t for i in range(40) for t in (1, 2, 10 + i)]  # every match on (1, 2) is wrong
+    held, loose = simulate(prompt, text, learnt()), simulate(prompt, text, learnt(), ledger=False)
+    assert held.drafted < loose.drafted and held.speedup > loose.speedup
+
+
 def test_point_mass_sd_keeps_the_targets_law():
     """Sampled SD with a proposal that has no distribution (a point mass on d) emits tokens
     distributed as p, whether or not d is p's likely token; a rule that skips the residual

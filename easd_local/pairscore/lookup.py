@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..engine.drafters import lookup as L
-from ..engine.drafters.policy import ONCE, AcceptanceBook
+from ..engine.drafters.policy import ONCE, AcceptanceBook, Ledger
 
 K_MAX = 64
 
@@ -45,18 +45,20 @@ class LookupSim:
 
 def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *, size_n: int = 2,
              size_m: int = 16, may_draft: Callable[[int], bool] | None = None,
-             witnessed: bool = True) -> LookupSim:
+             witnessed: bool = True, ledger: bool = True) -> LookupSim:
     """Greedy lookup SD along ``text`` after ``prompt``; ``book`` carries what the drafter
     learnt (pass one book through a corpus, as one server's drafter would). ``may_draft(i)``:
     a rule tried on top of the drafter's (``scripts/lookup_confidence.py``), asked before
     proposing at text position ``i``; False: no proposal there. ``witnessed=False``: every
     match counted as ``ONCE`` (the policy before the drafter read its second witness;
-    ``scripts/lookup_replay.py`` compares the two)."""
+    ``scripts/lookup_replay.py`` compares the two). ``ledger=False``: no stop-loss per text
+    (``policy.Ledger``: the policy before it)."""
     out = LookupSim()
     seq = list(prompt)
     idx = L._SlotIndex(0, size_n)
     i, n = 0, len(text)
     costs = book.costs
+    own = Ledger()
     while i < n:
         e, length, witness = L.witnessed_match(seq, idx)
         if not witnessed:
@@ -64,12 +66,15 @@ def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *
         k = 0
         if e >= 0 and (may_draft is None or may_draft(i)):
             k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX), witness)
+            if k and ledger and not own.allows():
+                k = 0
         proposal = seq[e:e + k] if k else []
         a = 0
         while a < len(proposal) and proposal[a] == text[i + a]:
             a += 1
         if k:
             book.record(length, k, a, witness)
+            own.record(k, a, costs)
         emitted = min(a + 1, n - i)
         out.tokens += emitted
         out.verifies += 1

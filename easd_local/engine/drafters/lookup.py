@@ -21,7 +21,7 @@ import numpy as np
 
 from ..sequence import Seq
 from .base import Ask, Counters, DraftGen, Proposal, looked_up
-from .policy import AGREE, DISAGREE, ONCE, AcceptanceBook
+from .policy import AGREE, DISAGREE, ONCE, AcceptanceBook, Ledgers
 
 MAX_MATCH = 32  # a match is measured back this far at most (confidence saturates well before)
 # n-gram lengths indexed above ``spec_ngram_size_n``: the lookup tries the longest first, so
@@ -109,6 +109,7 @@ class LookupDrafter:
         self.witnessed = witnessed
         self.counters = Counters()
         self._slots: dict[int, _SlotIndex] = {}
+        self.ledgers = Ledgers()
 
     def _index(self, s: Seq) -> _SlotIndex:
         idx = self._slots.get(s.slot)
@@ -133,6 +134,8 @@ class LookupDrafter:
         if e >= 0:
             cap = min(n_max, s.cfg.spec_ngram_size_m, len(seq) - e)
             k = self.book.length(length, cap, witness)
+            if k and not self.ledgers.of(s.slot, s).allows():
+                k = 0
             tokens = seq[e:e + k]
             for i, t in enumerate(tokens):  # nothing after an end-of-generation token
                 if t in s.eog:
@@ -146,3 +149,4 @@ class LookupDrafter:
             self.counters.add(len(proposal.tokens), n_accepted)
             idx = self._index(s)
             self.book.record(idx.last_match, len(proposal.tokens), n_accepted, idx.last_witness)
+            self.ledgers.of(s.slot, s).record(len(proposal.tokens), n_accepted, self.book.costs)

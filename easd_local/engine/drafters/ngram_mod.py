@@ -14,7 +14,7 @@ import numpy as np
 
 from ..sequence import Seq
 from .base import Ask, Counters, DraftGen, Proposal, looked_up
-from .policy import AcceptanceBook
+from .policy import AcceptanceBook, Ledgers
 
 MAX_ENTRIES = 1 << 20  # as llama.cpp resets its pool when it fills: start again past this
 
@@ -30,6 +30,7 @@ class NgramModDrafter:
         # slot -> (the sequence, n, how many of its tokens are in the table): request ids restart
         # with every scheduler, a slot's next sequence is another object
         self._seen: dict[int, tuple[object, int, int]] = {}
+        self.ledgers = Ledgers()
 
     def _learn(self, s: Seq, upto: int) -> int:
         n = s.cfg.spec_ngram_mod_n_match
@@ -65,6 +66,8 @@ class NgramModDrafter:
                 break
         # the table's chain has no match length: its bucket is the key's length
         k = self.book.length(n, len(found)) if found else 0
+        if k and not self.ledgers.of(s.slot, s).allows():
+            k = 0
         return looked_up(self, found[:k], s.cfg.draft_min)
         yield
 
@@ -72,3 +75,4 @@ class NgramModDrafter:
         if proposal.drafter is self:
             self.counters.add(len(proposal.tokens), n_accepted)
             self.book.record(s.cfg.spec_ngram_mod_n_match, len(proposal.tokens), n_accepted)
+            self.ledgers.of(s.slot, s).record(len(proposal.tokens), n_accepted, self.book.costs)
