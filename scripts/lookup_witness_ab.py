@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The lookup drafter's witness, live: prompt lookup with and without it, and the target alone,
-side by side per request in one process on the default pair (greedy, decode tokens/s).
+side by side per request in one process on the default pair (greedy, decode tokens/s); or, with
+``--compare stop-loss``, the drafter with and without its ledger per sequence (``policy.Ledger``).
 
     python scripts/lookup_witness_ab.py --set gsm8k --limit 20 --json results/lookup-witness-ab-gsm8k.jsonl
     python scripts/lookup_witness_ab.py --set code --limit 20
+    python scripts/lookup_witness_ab.py --set gsm8k --limit 20 --compare stop-loss
 
 ``ngram-simple`` as it is (its ``AcceptanceBook`` counts acceptance apart by the matched
 n-gram's second witness, ``policy.WITNESSES``) against the same drafter told every match has
@@ -12,7 +14,8 @@ as a server's drafter carries it, and the target alone; the three runs of a requ
 another, their order reversed on odd requests, so that the drift of a shared machine falls on
 all three. Requests and their rendering are ``bench_lookup.py``'s. Printed per request: tok/s
 of each and the two lookups' ratios to the target; then the medians, and the witness's ratio
-to the one without (per request, its median). Figures are printed, never asserted.
+to the one without (per request, its median); with ``--compare stop-loss`` they are named
+stop-loss and no-stop-loss (both witnessed). Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import bench_lookup as B  # noqa: E402  (its requests, its run of ours)
 
-METHODS = ("target", "witness", "no-witness")
+LABELS = {"witness": ("witness", "no-witness"), "stop-loss": ("stop-loss", "no-stop-loss")}
 
 
 def main(argv=None) -> int:
@@ -41,6 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, help="write one row per (request, method)")
+    ap.add_argument("--compare", choices=("witness", "stop-loss"), default="witness",
+                    help="what the drafter is run without (default: its witness)")
     a = ap.parse_args(argv)
     from easd_local.engine.config import DecodeConfig
     from easd_local.engine.drafters import make
@@ -64,16 +69,19 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()[0]
     with open_models(None, files.target, LoadOptions(n_threads=a.threads, n_gpu_layers=0)) as pair:
         pair.verify_costs = costs
-        witness = make("ngram-simple", None, costs)
-        blind = LookupDrafter(AcceptanceBook(witness.book.costs), witnessed=False)
+        on, off = LABELS[a.compare]
+        methods = ("target", on, off)
+        drafters = {on: make("ngram-simple", None, costs)}
+        drafters[off] = LookupDrafter(AcceptanceBook(drafters[on].book.costs), witnessed=a.compare != "witness",
+                                      stop_loss=a.compare != "stop-loss")
         B.run_ours(pair, pair.target.vocab.tokenize("Hello", add_special=True), "target", cfg)  # warm-up
         for i, q in enumerate(requests):
             chat = pair.target.vocab.apply_chat_template([{"role": "user", "content": q["text"]}])
             tokens = pair.target.vocab.tokenize(chat, add_special=True, parse_special=True)
             got = {}
-            for m in (METHODS if i % 2 == 0 else METHODS[::-1]):
+            for m in (methods if i % 2 == 0 else methods[::-1]):
                 if m != "target":
-                    pair.use_drafter("ngram-simple", witness if m == "witness" else blind)
+                    pair.use_drafter("ngram-simple", drafters[m])
                 r = B.run_ours(pair, tokens, "target" if m == "target" else "ngram-simple", cfg)
                 got[m] = r
                 row = {"request": q["id"], "method": m, "tokens": r["tokens"], "tok_s": r["tok_s"],
@@ -83,20 +91,19 @@ def main(argv=None) -> int:
                     out.write(json.dumps(row) + "\n")
                     out.flush()
             t = got["target"]["tok_s"]
-            print(f"{q['id']:26s} target {t:6.2f}  witness {got['witness']['tok_s']:6.2f} "
-                  f"({got['witness']['tok_s'] / t:.3f}x)  no-witness {got['no-witness']['tok_s']:6.2f} "
-                  f"({got['no-witness']['tok_s'] / t:.3f}x)", flush=True)
+            print(f"{q['id']:26s} target {t:6.2f}  " + "  ".join(
+                f"{m} {got[m]['tok_s']:6.2f} ({got[m]['tok_s'] / t:.3f}x)" for m in (on, off)), flush=True)
     if out:
         out.close()
-    by = {m: {r["request"]: r["tok_s"] for r in rows if r["method"] == m} for m in METHODS}
+    by = {m: {r["request"]: r["tok_s"] for r in rows if r["method"] == m} for m in methods}
     ids = list(by["target"])
-    w = [by["witness"][k] / by["target"][k] for k in ids]
-    b = [by["no-witness"][k] / by["target"][k] for k in ids]
-    wb = [by["witness"][k] / by["no-witness"][k] for k in ids]
+    w = [by[on][k] / by["target"][k] for k in ids]
+    b = [by[off][k] / by["target"][k] for k in ids]
+    wb = [by[on][k] / by[off][k] for k in ids]
     print(f"\n{a.set}, {len(ids)} requests, {a.max_tokens} tokens, {a.threads} threads; load {load0:.2f} at start, "
           f"{os.getloadavg()[0]:.2f} at end")
-    for name, xs in (("witness / target", w), ("no-witness / target", b), ("witness / no-witness", wb)):
-        print(f"{name:22s} median {statistics.median(xs):.3f}  min {min(xs):.3f}  max {max(xs):.3f}")
+    for name, xs in ((f"{on} / target", w), (f"{off} / target", b), (f"{on} / {off}", wb)):
+        print(f"{name:26s} median {statistics.median(xs):.3f}  min {min(xs):.3f}  max {max(xs):.3f}")
     return 0
 
 

@@ -276,6 +276,12 @@ def test_a_drafter_holds_back_per_sequence_not_for_its_book(kind):
     assert _drafted(d, other).tokens  # another slot: its own ledger
     again = _Seq(0, list(s.seq), spec_ngram_mod_n_match=2)
     assert _drafted(d, again).tokens  # the slot's next sequence: a fresh ledger
+    if kind is L.LookupDrafter:  # the switch scripts/lookup_witness_ab.py compares with
+        loose, s2 = L.LookupDrafter(book, stop_loss=False), _Seq(0, list(again.seq))
+        for _ in range(12):
+            prop = _drafted(loose, s2)
+            assert prop.tokens
+            loose.accept(s2, prop, 0, start=len(s2.seq) - 1)
 
 
 def test_simulate_holds_back_a_text_that_does_not_repeat():

@@ -102,11 +102,13 @@ class LookupDrafter:
     kind = "ngram-simple"
     model = None
 
-    def __init__(self, book: AcceptanceBook, witnessed: bool = True) -> None:
+    def __init__(self, book: AcceptanceBook, witnessed: bool = True, stop_loss: bool = True) -> None:
         self.book = book
-        # False: every match counted as ONCE, the policy before the witness (for comparisons:
-        # scripts/lookup_witness_ab.py; pairscore.lookup.simulate has the same switch)
+        # for comparisons (scripts/lookup_witness_ab.py; pairscore.lookup.simulate has the same
+        # switches): witnessed False, every match counted as ONCE, the policy before the
+        # witness; stop_loss False, no ledger per sequence (``policy.Ledger``)
         self.witnessed = witnessed
+        self.stop_loss = stop_loss
         self.counters = Counters()
         self._slots: dict[int, _SlotIndex] = {}
         self.ledgers = Ledgers()
@@ -134,7 +136,7 @@ class LookupDrafter:
         if e >= 0:
             cap = min(n_max, s.cfg.spec_ngram_size_m, len(seq) - e)
             k = self.book.length(length, cap, witness)
-            if k and not self.ledgers.of(s.slot, s).allows():
+            if k and self.stop_loss and not self.ledgers.of(s.slot, s).allows():
                 k = 0
             tokens = seq[e:e + k]
             for i, t in enumerate(tokens):  # nothing after an end-of-generation token
