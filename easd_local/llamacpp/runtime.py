@@ -471,7 +471,7 @@ class Model(ModelFile):
 
         At most one part per sequence. A failed decode leaves every sequence as it was."""
         if self._ctx is None:
-            raise RuntimeFailure(f"{self.path.name}: model is closed")
+            raise RuntimeFailure(f"{self.name}: model is closed")
         starts, wants = _plan(parts, self._seqs, self.n_ctx)
         crashnote.note(self._decode_note)
         # (part, token index, wanted row or -1) in batch order; a Ctrl-C that lands between
@@ -497,7 +497,7 @@ class Model(ModelFile):
             if rc != 0:
                 for k, p in enumerate(parts):  # every sequence as it was before this call
                     self._seq_rm(p.seq, starts[k])
-                _decode_failed(self.path.name, rc)
+                _decode_failed(self.name, rc)
             if lend:
                 outs = fresh = _lent_rows(self._ctx, self.name, self.n_vocab, outs_at, wants)
             else:
