@@ -65,16 +65,13 @@ def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *
             witness = ONCE
         k = 0
         if e >= 0 and (may_draft is None or may_draft(i)):
-            k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX), witness)
-            if k and ledger and not own.allows():
-                k = 0
+            k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX), witness, own if ledger else None)
         proposal = seq[e:e + k] if k else []
         a = 0
         while a < len(proposal) and proposal[a] == text[i + a]:
             a += 1
         if k:
-            book.record(length, k, a, witness)
-            own.record(k, a, costs)
+            book.record(length, k, a, witness, own)
         emitted = min(a + 1, n - i)
         out.tokens += emitted
         out.verifies += 1

@@ -135,9 +135,7 @@ class LookupDrafter:
         tokens: list[int] = []
         if e >= 0:
             cap = min(n_max, s.cfg.spec_ngram_size_m, len(seq) - e)
-            k = self.book.length(length, cap, witness)
-            if k and self.stop_loss and not self.ledgers.of(s.slot, s).allows():
-                k = 0
+            k = self.book.length(length, cap, witness, self.ledgers.of(s.slot, s) if self.stop_loss else None)
             tokens = seq[e:e + k]
             for i, t in enumerate(tokens):  # nothing after an end-of-generation token
                 if t in s.eog:
@@ -150,5 +148,5 @@ class LookupDrafter:
         if proposal.drafter is self:
             self.counters.add(len(proposal.tokens), n_accepted)
             idx = self._index(s)
-            self.book.record(idx.last_match, len(proposal.tokens), n_accepted, idx.last_witness)
-            self.ledgers.of(s.slot, s).record(len(proposal.tokens), n_accepted, self.book.costs)
+            self.book.record(idx.last_match, len(proposal.tokens), n_accepted, idx.last_witness,
+                             self.ledgers.of(s.slot, s))

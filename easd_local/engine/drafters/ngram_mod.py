@@ -65,14 +65,12 @@ class NgramModDrafter:
             if t in s.eog:
                 break
         # the table's chain has no match length: its bucket is the key's length
-        k = self.book.length(n, len(found)) if found else 0
-        if k and not self.ledgers.of(s.slot, s).allows():
-            k = 0
+        k = self.book.length(n, len(found), ledger=self.ledgers.of(s.slot, s)) if found else 0
         return looked_up(self, found[:k], s.cfg.draft_min)
         yield
 
     def accept(self, s: Seq, proposal: Proposal, n_accepted: int, start: int) -> None:
         if proposal.drafter is self:
             self.counters.add(len(proposal.tokens), n_accepted)
-            self.book.record(s.cfg.spec_ngram_mod_n_match, len(proposal.tokens), n_accepted)
-            self.ledgers.of(s.slot, s).record(len(proposal.tokens), n_accepted, self.book.costs)
+            self.book.record(s.cfg.spec_ngram_mod_n_match, len(proposal.tokens), n_accepted,
+                             ledger=self.ledgers.of(s.slot, s))

@@ -88,44 +88,6 @@ def bucket(match_len: int, witness: int = ONCE) -> int:
 
 
 @dataclass
-class AcceptanceBook:
-    """Accepted and rejected looked-up tokens per match-length bucket and witness (``bucket``),
-    and the lengths they make worth proposing. Shared by every sequence of one drafter: a
-    served conversation's next request starts with what the last one learnt."""
-
-    costs: tuple[float, ...]
-    accepted: list[float] = field(
-        default_factory=lambda: [PRIOR * (1 - 1 / (lo + 1)) for _ in WITNESSES for lo in BUCKETS])
-    rejected: list[float] = field(default_factory=lambda: [PRIOR / (lo + 1) for _ in WITNESSES for lo in BUCKETS])
-    skipped: list[int] = field(default_factory=lambda: [0] * (len(WITNESSES) * len(BUCKETS)))
-
-    def rate(self, b: int) -> float:
-        return self.accepted[b] / (self.accepted[b] + self.rejected[b])
-
-    def length(self, match_len: int, available: int, witness: int = ONCE) -> int:
-        """How many of ``available`` looked-up tokens to propose after a match of ``match_len``
-        with this ``witness``."""
-        if available <= 0:
-            return 0
-        b = bucket(match_len, witness)
-        k = best_length(self.rate(b), self.costs, available)
-        if k == 0:
-            self.skipped[b] += 1
-            if self.skipped[b] % EXPLORE == 0:
-                k = 1
-        return k
-
-    def record(self, match_len: int, proposed: int, accepted: int, witness: int = ONCE) -> None:
-        """A proposal of ``proposed`` tokens of which the first ``accepted`` were accepted (the
-        next one, if any, was rejected; tokens after it were never tested)."""
-        if proposed <= 0:
-            return
-        b = bucket(match_len, witness)
-        self.accepted[b] += accepted
-        self.rejected[b] += accepted < proposed
-
-
-@dataclass
 class Ledger:
     """One sequence's drafting steps: the tokens they emitted (accepted + the target's own) and
     what their verifies cost, in one-token decodes (``costs[k]``); ``allows`` a proposal while
@@ -146,6 +108,50 @@ class Ledger:
         if proposed > 0:
             self.tokens += accepted + 1
             self.cost += costs[min(proposed, len(costs) - 1)]
+
+
+@dataclass
+class AcceptanceBook:
+    """Accepted and rejected looked-up tokens per match-length bucket and witness (``bucket``),
+    and the lengths they make worth proposing. Shared by every sequence of one drafter: a
+    served conversation's next request starts with what the last one learnt."""
+
+    costs: tuple[float, ...]
+    accepted: list[float] = field(
+        default_factory=lambda: [PRIOR * (1 - 1 / (lo + 1)) for _ in WITNESSES for lo in BUCKETS])
+    rejected: list[float] = field(default_factory=lambda: [PRIOR / (lo + 1) for _ in WITNESSES for lo in BUCKETS])
+    skipped: list[int] = field(default_factory=lambda: [0] * (len(WITNESSES) * len(BUCKETS)))
+
+    def rate(self, b: int) -> float:
+        return self.accepted[b] / (self.accepted[b] + self.rejected[b])
+
+    def length(self, match_len: int, available: int, witness: int = ONCE, ledger: Ledger | None = None) -> int:
+        """How many of ``available`` looked-up tokens to propose after a match of ``match_len``
+        with this ``witness``; none while the sequence's ``ledger`` (if any) holds back."""
+        if available <= 0:
+            return 0
+        b = bucket(match_len, witness)
+        k = best_length(self.rate(b), self.costs, available)
+        if k == 0:
+            self.skipped[b] += 1
+            if self.skipped[b] % EXPLORE == 0:
+                k = 1
+        if k and ledger is not None and not ledger.allows():
+            k = 0
+        return k
+
+    def record(self, match_len: int, proposed: int, accepted: int, witness: int = ONCE,
+               ledger: Ledger | None = None) -> None:
+        """A proposal of ``proposed`` tokens of which the first ``accepted`` were accepted (the
+        next one, if any, was rejected; tokens after it were never tested); counted in the
+        sequence's ``ledger`` too, if any."""
+        if proposed <= 0:
+            return
+        b = bucket(match_len, witness)
+        self.accepted[b] += accepted
+        self.rejected[b] += accepted < proposed
+        if ledger is not None:
+            ledger.record(proposed, accepted, self.costs)
 
 
 class Ledgers:
