@@ -75,6 +75,17 @@ def test_chat_and_generate_defaults_differ_and_say_why():
         assert "not lossless" in out and "--mode sd" in out
 
 
+def test_generate_and_chat_describe_the_default_by_the_one_rule():
+    """The default way is chosen by ``ways.choose``; both commands' help read its words from
+    ``options.AUTO_MODE_RULE`` (generate's had kept an older rule, easd-tf on a CPU build)."""
+    from easd_local.cli.options import AUTO_MODE_RULE
+    rule = " ".join(AUTO_MODE_RULE.split())
+    for cmd in ("generate", "chat"):
+        out = _flat(_help(cmd))
+        assert f"Default mode ({rule})" in out, cmd
+        assert "easd-tf on a CPU build" not in out
+
+
 @pytest.mark.parametrize("alias,long", [
     ("-m", "--target"), ("-md", "--draft"), ("-c", "--ctx"), ("-n", "--max-tokens"), ("-t", "--threads"),
     ("-ngl", "--n-gpu-layers"), ("-ngld", "--n-gpu-layers-draft"), ("-s", "--seed"), ("--draft-max", "--gamma"),

@@ -26,8 +26,19 @@ from .render import (LEGEND, ORIGIN_STYLE, placement, placement_line, repack_new
                      trace_rows)
 
 
+# the rule comes from where it is defined, so --help cannot fall behind it
+HELP = f"""Generate one completion and print statistics.
+
+Default mode ({o.AUTO_MODE_RULE}): the same rule as chat and serve.
+
+easd and easd-tf are not lossless: the gate replaces some of the target's tokens. For the target's own output use --mode sd (or --mode target).
+
+generate is greedy (temperature {DecodeConfig().temperature:g}, up to {DecodeConfig().max_tokens} tokens) so that a run repeats exactly; chat samples (temperature 0.7) as chat UIs do.
+"""
+
+
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
-    @app.command("generate")
+    @app.command("generate", help=HELP)
     @friendly
     @o.with_options(before=(o.MODEL_OPTIONS, o.DECODE_OPTIONS), after=(o.LLAMA_OPTIONS,))
     def generate(
@@ -40,14 +51,6 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         trace: Annotated[Optional[Path], typer.Option("--trace", metavar="FILE", help=o.with_default("Write a per-token trace (JSONL).", "none"))] = None,
         **kw,
     ) -> None:
-        """Generate one completion and print statistics.
-
-        Default mode: a lossless one where the pair's recorded verdict shows EASD significantly worse (the default pair's does), else easd-tf on a CPU build, easd with GPU offload (the same rule as chat and serve; see --mode).
-
-        easd and easd-tf are not lossless: the gate replaces some of the target's tokens. For the target's own output use --mode sd (or --mode target).
-
-        generate is greedy (temperature 0, up to 512 tokens) so that a run repeats exactly; chat samples (temperature 0.7) as chat UIs do.
-        """
         flags = o.decode_flags(kw)
         o.decode_config(DecodeConfig(), **flags)  # every value is checked before any model loads
         topts, dopts = o.llama_options(kw)
