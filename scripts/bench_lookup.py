@@ -17,19 +17,23 @@ scripts/bench_speed.py does, every method decodes greedily up to ``--max-tokens`
   ``cache_prompt`` false and ``--cache-ram 0``, so each one pays its prompt.
 
 Runs are interleaved per request (ours and llama.cpp's alternate, the order reversed on odd
-requests) so that the drift of a shared machine falls on every method alike.
+requests) so that the drift of a shared machine falls on every method alike. ``--repeats N``
+runs each request's methods N times in a row (the order reversed every other time): a request's
+ratio is then the median of its N paired ratios, each over the target run beside it, which is
+what a claim about the worst request needs on a machine whose speed moves by a sixth from one
+run to the next.
 
 Speeds are decode tokens/s, prompt excluded: ours ``Stats.tokens_per_s``, llama.cpp's
 ``timings.predicted_per_second``. Each method's ratio is taken per request against its own
 system's target alone (ours / our target, llama.cpp's / llama.cpp's target); the summary
 gives their median, min and max, accepted / drafted, and our lookup over llama.cpp's of the
-same name. Greedy lookup is lossless: each method's tokens are compared with its target's,
+same name, and how many requests fell below 0.95× their target. Greedy lookup is lossless: each method's tokens are compared with its target's,
 and the requests whose tokens differ are counted, with the first differing position.
 
 Models load through the project's loader (the repacking self-test's verdict applies);
 llama-server gets ``-nr`` when ``--no-repack`` is given or that verdict turned repacking off,
 so that both sides use the same weight layout. ``--json OUT`` appends one row per
-(request, method) as it finishes; ``--resume`` skips the rows already in OUT. ``--quick``:
+(request, method, round) as it finishes; ``--resume`` skips the rows already in OUT. ``--quick``:
 2 requests, 16 tokens, on the tiny pair (written to a temporary folder) unless
 ``--draft/--target`` are given: a smoke test. Nothing here asserts a speed.
 
@@ -175,37 +179,60 @@ def row_key(system: str, method: str) -> str:
     return f"{system}:{method}"
 
 
+BELOW = 0.95  # issue 47: no request below this ratio to the target alone
+
+
+def by_round(rows: list[dict]) -> dict[tuple[str, str], dict[int, dict]]:
+    """(request, system:method) -> {round: row}; rows written before --repeats are round 0."""
+    out: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in rows:
+        out.setdefault((r["request"], row_key(r["system"], r["method"])), {})[r.get("round", 0)] = r
+    return out
+
+
+def paired_ratio(a: dict[int, dict], b: dict[int, dict]) -> float | None:
+    """The median over rounds of a's tok/s over b's in the same round (None: no such round)."""
+    rs = [a[k]["tok_s"] / b[k]["tok_s"] for k in sorted(a) if k in b and b[k]["tok_s"] > 0]
+    return statistics.median(rs) if rs else None
+
+
 def summarize(rows: list[dict], order: list[str]) -> list[dict]:
-    """One entry per (system, method): per-request ratios to that system's target alone,
-    accepted / drafted, greedy differences from its target, and ours over llama.cpp's."""
-    by = {(r["request"], row_key(r["system"], r["method"])): r for r in rows}
+    """One entry per (system, method): per-request ratios to that system's target alone
+    (over rounds, the median of the paired ratios), accepted / drafted, greedy differences
+    from its target (in any round), the requests below BELOW, and ours over llama.cpp's."""
+    by = by_round(rows)
     requests = list(dict.fromkeys(r["request"] for r in rows))
     out = []
     for key in order:
         system, method = key.split(":", 1)
         base = row_key(system, "target")
         ratios, vs_llama, diffs = [], [], []
-        drafted = accepted = 0
+        drafted = accepted = rounds = 0
         for q in requests:
             r, t = by.get((q, key)), by.get((q, base))
             if r is None:
                 continue
-            drafted += r.get("drafted") or 0
-            accepted += r.get("accepted") or 0
-            if t is not None and t["tok_s"] > 0:
-                ratios.append(r["tok_s"] / t["tok_s"])
-            if t is not None and method != "target" and r["token_ids"] and t["token_ids"]:
-                d = first_diff(r["token_ids"], t["token_ids"])
+            rounds = max(rounds, len(r))
+            drafted += sum(x.get("drafted") or 0 for x in r.values())
+            accepted += sum(x.get("accepted") or 0 for x in r.values())
+            ratio = paired_ratio(r, t) if t is not None else None
+            if ratio is not None:
+                ratios.append(ratio)
+            if t is not None and method != "target":
+                d = min((d for k in r if k in t and r[k]["token_ids"] and t[k]["token_ids"]
+                         for d in [first_diff(r[k]["token_ids"], t[k]["token_ids"])] if d is not None), default=None)
                 if d is not None:
                     diffs.append((q, d))
             ll = by.get((q, row_key("llama", method)))
-            if system == "ours" and ll is not None and ll["tok_s"] > 0:
-                vs_llama.append(r["tok_s"] / ll["tok_s"])
+            v = paired_ratio(r, ll) if system == "ours" and ll is not None else None
+            if v is not None:
+                vs_llama.append(v)
         if not ratios and not any(q for q, k in by if k == key):
             continue
-        out.append({"method": key, "n": len(ratios),
+        out.append({"method": key, "n": len(ratios), "rounds": rounds,
                     "median": statistics.median(ratios) if ratios else None,
                     "min": min(ratios) if ratios else None, "max": max(ratios) if ratios else None,
+                    "below": sum(x < BELOW for x in ratios),
                     "drafted": drafted, "accepted": accepted,
                     "vs_llama_median": statistics.median(vs_llama) if vs_llama else None,
                     "differs": diffs})
@@ -217,10 +244,13 @@ def _f(x, fmt: str = "{:.2f}") -> str:
 
 
 def print_tables(rows: list[dict], order: list[str], meta: dict) -> None:
-    by = {(r["request"], row_key(r["system"], r["method"])): r for r in rows}
+    by = by_round(rows)
     requests = list(dict.fromkeys(r["request"] for r in rows))
+    rounds = max((len(v) for v in by.values()), default=1)
     print(f"\ndecode tok/s per request (ratio to the same system's target alone): set {meta['set']}, "
-          f"max {meta['max_tokens']} tokens, {meta['threads']} threads, target {meta['target']}")
+          f"max {meta['max_tokens']} tokens, {meta['threads']} threads, target {meta['target']}"
+          + (f"; the median of {rounds} rounds, each ratio paired with the target's run in its round"
+             if rounds > 1 else ""))
     w = 22
     print(f"{'request':24s}{'prompt':>7s}" + "".join(f"{k:>{w}s}" for k in order))
     for q in requests:
@@ -231,12 +261,13 @@ def print_tables(rows: list[dict], order: list[str], meta: dict) -> None:
             if r is None:
                 cells.append(f"{'-':>{w}s}")
                 continue
-            ratio = f" ({r['tok_s'] / t['tok_s']:.2f}x)" if t and t["tok_s"] > 0 else ""
-            cells.append(f"{r['tok_s']:.2f}{ratio}".rjust(w))
-        p = next((by[(q, k)]["prompt_tokens"] for k in order if (q, k) in by), 0)
+            ratio = paired_ratio(r, t) if t else None
+            tok_s = statistics.median(x["tok_s"] for x in r.values())
+            cells.append((f"{tok_s:.2f}" + (f" ({ratio:.2f}x)" if ratio is not None else "")).rjust(w))
+        p = next((next(iter(by[(q, k)].values()))["prompt_tokens"] for k in order if (q, k) in by), 0)
         print(f"{q[:23]:24s}{p:>7d}" + "".join(cells))
     print("\nper method: ratio to its own target alone, per request (ours / our target, llama / llama's target)")
-    print(f"{'method':24s}{'n':>4s}{'median':>8s}{'min':>8s}{'max':>8s}{'accepted/drafted':>20s}"
+    print(f"{'method':24s}{'n':>4s}{'median':>8s}{'min':>8s}{'max':>8s}{f'<{BELOW}':>7s}{'accepted/drafted':>20s}"
           f"{'ours/llama':>12s}  greedy differs from its target")
     for s in summarize(rows, order):
         acc = f"{s['accepted']}/{s['drafted']}" + (f" {100 * s['accepted'] / s['drafted']:.0f}%" if s["drafted"]
@@ -244,8 +275,9 @@ def print_tables(rows: list[dict], order: list[str], meta: dict) -> None:
         diff = "-" if s["method"].endswith(":target") else (
             "none" if not s["differs"] else
             f"{len(s['differs'])} requests: " + ", ".join(f"{q}@{d}" for q, d in s["differs"]))
+        below = "-" if s["method"].endswith(":target") else str(s["below"])
         print(f"{s['method']:24s}{s['n']:>4d}{_f(s['median'], '{:.3f}'):>8s}{_f(s['min'], '{:.3f}'):>8s}"
-              f"{_f(s['max'], '{:.3f}'):>8s}{acc:>20s}{_f(s['vs_llama_median'], '{:.3f}'):>12s}  {diff}")
+              f"{_f(s['max'], '{:.3f}'):>8s}{below:>7s}{acc:>20s}{_f(s['vs_llama_median'], '{:.3f}'):>12s}  {diff}")
 
 
 # --------------------------------------------------------------------------------- main
@@ -267,8 +299,13 @@ def parse_args(argv=None):
                          "also draft, ngram-simple+draft, ...)")
     ap.add_argument("--no-llama", action="store_true", help="run only ours (never builds or starts llama-server)")
     bench_speed.add_build_options(ap, "skip llama.cpp's half if llama-server is not built")
-    ap.add_argument("--json", type=Path, metavar="OUT", help="append one JSON row per (request, method) to OUT")
-    ap.add_argument("--resume", action="store_true", help="skip the (request, method) rows already in --json OUT")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each request's methods, one after another (default 1); a request's ratio is "
+                         "the median of its paired ratios")
+    ap.add_argument("--json", type=Path, metavar="OUT",
+                    help="append one JSON row per (request, method, round) to OUT")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip the (request, method, round) rows already in --json OUT")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 2 requests, 16 tokens, the tiny pair unless --draft/--target are given")
     a = ap.parse_args(argv)
@@ -278,7 +315,7 @@ def parse_args(argv=None):
         a.ctx = min(a.ctx, 2048)  # the tiny pair's context
     if a.limit is None and a.set == "gsm8k":
         a.limit = 40
-    for name in ("max_tokens", "threads", "ctx", "jobs"):
+    for name in ("max_tokens", "threads", "ctx", "jobs", "repeats"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.limit is not None and a.limit < 1:
@@ -350,7 +387,7 @@ def main(argv=None) -> int:
         rows: list[dict] = []
         if a.resume and a.json.is_file():
             rows = [json.loads(line) for line in a.json.read_text(encoding="utf-8").splitlines() if line.strip()]
-            done = {(r["request"], row_key(r["system"], r["method"])) for r in rows}
+            done = {(r["request"], row_key(r["system"], r["method"]), r.get("round", 0)) for r in rows}
             log(f"resume: {len(rows)} rows already in {a.json}")
         out_f = None
         if a.json is not None:
@@ -385,19 +422,20 @@ def main(argv=None) -> int:
                 plan.append(("llama", m))
         plan += [("llama", c) for c in servers if c not in a.methods]
         order = [row_key(s, m) for s, m in plan]
-        if any((q["id"], k) not in done for q in requests for k in order):
+        if any((q["id"], k, n) not in done for q in requests for k in order for n in range(a.repeats)):
             warm_up(pair, servers, plan, requests[0]["text"], cfg_base)
         t_start = time.perf_counter()
         for i, q in enumerate(requests):
             text = pair.target.vocab.apply_chat_template([{"role": "user", "content": q["text"]}])
             tokens = pair.target.vocab.tokenize(text, add_special=True, parse_special=True)
-            for system, method in (plan if i % 2 == 0 else list(reversed(plan))):
-                if (q["id"], row_key(system, method)) in done:
+            runs = [(n, sm) for n in range(a.repeats) for sm in (plan if (i + n) % 2 == 0 else plan[::-1])]
+            for n, (system, method) in runs:
+                if (q["id"], row_key(system, method), n) in done:
                     continue
                 r = (run_ours(pair, tokens, method, cfg_base) if system == "ours"
                      else run_llama(servers[method].base, tokens, a.max_tokens))
                 r.update(request=q["id"], system=system, method=method, prompt_tokens=len(tokens),
-                         max_tokens=a.max_tokens, threads=a.threads, set=a.set)
+                         max_tokens=a.max_tokens, threads=a.threads, set=a.set, round=n)
                 if system == "llama" and r.get("prompt_n") not in (None, len(tokens)):
                     log(f"note: llama-server evaluated {r['prompt_n']} prompt tokens of {len(tokens)} "
                         f"(a prompt cache answered?)")
@@ -406,7 +444,8 @@ def main(argv=None) -> int:
                     out_f.write(json.dumps(r) + "\n")
                     out_f.flush()
                 acc = f"  accepted {r['accepted']}/{r['drafted']}" if r.get("drafted") else ""
-                log(f"request {i + 1}/{len(requests)} {q['id']:24s} {system:5s} {method:22s} "
+                log(f"request {i + 1}/{len(requests)}" + (f" round {n + 1}/{a.repeats}" if a.repeats > 1 else "")
+                    + f" {q['id']:24s} {system:5s} {method:22s} "
                     f"{r['tokens']:4d} tok {r['tok_s']:7.2f} tok/s{acc}")
         wall = time.perf_counter() - t_start
         meta = {"set": a.set, "max_tokens": a.max_tokens, "threads": a.threads, "target": Path(a.target).name}

@@ -71,6 +71,27 @@ def test_summary_ratios_differences_and_vs_llama():
     assert ll["median"] == pytest.approx((1.2 + 1.5) / 2) and ll["differs"] == [] and ll["vs_llama_median"] is None
 
 
+def test_repeats_pair_each_run_with_the_target_beside_it():
+    """With --repeats a request's ratio is the median of its rounds' paired ratios: a slow
+    round slows the target and the lookup alike and moves no ratio; a request below 0.95x is
+    counted; a greedy difference in any round is named."""
+    def rr(q, m, n, tok_s, ids=(1, 2)):
+        return dict(_row(q, "ours", m, tok_s, list(ids), 2, 1), round=n)
+    rows = [rr("a", "target", 0, 10.0), rr("a", "ngram-simple", 0, 13.0),
+            rr("a", "target", 1, 5.0), rr("a", "ngram-simple", 1, 6.5),    # a slow round: the same 1.3
+            rr("a", "target", 2, 10.0), rr("a", "ngram-simple", 2, 20.0),  # one lucky round
+            rr("b", "target", 0, 10.0), rr("b", "ngram-simple", 0, 9.0),
+            rr("b", "target", 1, 10.0), rr("b", "ngram-simple", 1, 9.2, (1, 3))]
+    s = bench.summarize(rows, ["ours:target", "ours:ngram-simple"])[1]
+    assert s["rounds"] == 3 and s["n"] == 2
+    assert (s["max"], s["min"]) == pytest.approx((1.3, 0.91))  # medians of (1.3, 1.3, 2.0) and (0.9, 0.92)
+    assert s["below"] == 1 and s["differs"] == [("b", 1)]
+    assert (s["accepted"], s["drafted"]) == (5, 10)
+    # rows written before --repeats (no round) read as round 0
+    old = [{k: v for k, v in r.items() if k != "round"} for r in rows if r["round"] == 0]
+    assert bench.summarize(old, ["ours:target", "ours:ngram-simple"])[1]["min"] == pytest.approx(0.9)
+
+
 def test_llama_server_command(tmp_path, monkeypatch):
     seen = {}
 
@@ -117,6 +138,13 @@ def test_quick_smoke_ours_only_and_resume(tmp_path, tiny_draft, tiny_target):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resume: 8 rows" in r.stderr and "request 1/2" not in r.stderr
     assert len(out.read_text().splitlines()) == 8 and "ours:ngram-mod" in r.stdout
+    # a second round of the same rows: only round 2 runs, the tables pair each round
+    r = _run(tmp_path, *base, "--no-llama", "--methods", "ngram-simple,ngram-mod,draft", "--resume", "--repeats", 2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "round 1/2" not in r.stderr and "round 2/2" in r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 16 and sorted({x.get("round", 0) for x in rows}) == [0, 1]
+    assert "the median of 2 rounds" in r.stdout and "<0.95" in r.stdout
 
 
 def test_quick_writes_its_own_tiny_pair(tmp_path):
