@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +66,10 @@ def main(argv=None) -> int:
     requests = B.load_requests(a.set, a.limit)
     cfg = DecodeConfig(mode="target", max_tokens=a.max_tokens, temperature=0.0)
     rows = []
-    out = open(a.json, "w", encoding="utf-8") if a.json else None
     load0 = os.getloadavg()[0]
-    with open_models(None, files.target, LoadOptions(n_threads=a.threads, n_gpu_layers=0)) as pair:
+    with ExitStack() as stack:
+        out = stack.enter_context(open(a.json, "w", encoding="utf-8")) if a.json else None
+        pair = stack.enter_context(open_models(None, files.target, LoadOptions(n_threads=a.threads, n_gpu_layers=0)))
         pair.verify_costs = costs
         on, off = LABELS[a.compare]
         methods = ("target", on, off)
@@ -93,8 +95,6 @@ def main(argv=None) -> int:
             t = got["target"]["tok_s"]
             print(f"{q['id']:26s} target {t:6.2f}  " + "  ".join(
                 f"{m} {got[m]['tok_s']:6.2f} ({got[m]['tok_s'] / t:.3f}x)" for m in (on, off)), flush=True)
-    if out:
-        out.close()
     by = {m: {r["request"]: r["tok_s"] for r in rows if r["method"] == m} for m in methods}
     ids = list(by["target"])
     w = [by[on][k] / by["target"][k] for k in ids]
