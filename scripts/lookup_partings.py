@@ -38,9 +38,11 @@ def main(argv: list[str]) -> int:
     with Model(target, LoadOptions(n_ctx=4096, n_threads=2)) as m:
         for f in a.runs:
             which, rows, reqs = load_run(f)
-            ref = {(r["request"], r["system"]): r for r in rows if r["method"] == "target"}
+            # each text against its target's run of the same round (``bench_lookup.py --repeats``)
+            ref = {(r["request"], r["system"], r.get("round", 0)): r for r in rows if r["method"] == "target"}
             for r in rows:
-                t = ref.get((r["request"], r["system"]), {}).get("token_ids")
+                n = r.get("round", 0)
+                t = ref.get((r["request"], r["system"], n), {}).get("token_ids")
                 o = r["token_ids"]
                 i = next((k for k, (a, b) in enumerate(zip(t or [], o)) if a != b), None)
                 if r["method"] == "target" or i is None:
@@ -49,7 +51,8 @@ def main(argv: list[str]) -> int:
                 m.reset()
                 z = m.decode_batch([Part(0, p + t[:i], (-1,))])[0][0]
                 top2 = np.sort(z)[-2:]
-                print(f"{which} {r['request']} {r['system']}:{r['method']} parts at {i}: the target's token {t[i]} "
+                print(f"{which} {r['request']} {r['system']}:{r['method']}" + (f" round {n + 1}" if "round" in r else "")
+                      + f" parts at {i}: the target's token {t[i]} "
                       f"vs {o[i]}, logit gap {z[t[i]] - z[o[i]]:.4f}, top-2 margin {top2[1] - top2[0]:.4f}", flush=True)
     return 0
 
