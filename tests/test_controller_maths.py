@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -284,3 +285,24 @@ def test_gpu_check_says_no_gpu_without_one(tmp_path):
                          timeout=120, env=env)
     assert out.returncode == 2, out.stderr
     assert out.stdout.startswith("no GPU:")
+
+
+def test_controller_split_parts_add_up_to_the_generations_own_figure(tmp_path, tiny_draft, tiny_target):
+    """``scripts/controller_split.py`` on the tiny pair (real llama.cpp): every part printed,
+    and per round the parts add up to about the generation's own seconds_controller (the
+    stamps' own cost and the prompt's Python are the difference)."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "controller_split.py"), "--draft", str(tiny_draft), "--target",
+         str(tiny_target), "--max-tokens", "16", "--rounds", "2", "--threads", "1"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    rounds = [line for line in out.stdout.splitlines() if line.startswith("round ")]
+    assert len(rounds) == 2
+    for line in rounds:
+        own = float(re.search(r"seconds_controller (\d+) µs", line).group(1))
+        parts = {k: float(v) for k, v in re.findall(r"(after llama_decode|the rule \(Seq\.sample\)|emitting "
+                                                      r"\(Seq\._emit\)|before llama_decode|the rest) (\d+)", line)}
+        assert len(parts) == 5, line
+        assert 0.5 * own <= sum(parts.values()) <= 1.5 * own + 20, line
+    assert "of which the row's address" in out.stdout
