@@ -269,7 +269,8 @@ def print_tables(rows: list[dict], order: list[str], meta: dict) -> None:
     print("\nper method: ratio to its own target alone, per request (ours / our target, llama / llama's target)")
     print(f"{'method':24s}{'n':>4s}{'median':>8s}{'min':>8s}{'max':>8s}{f'<{BELOW}':>7s}{'accepted/drafted':>20s}"
           f"{'ours/llama':>12s}  greedy differs from its target")
-    for s in summarize(rows, order):
+    summary = summarize(rows, order)
+    for s in summary:
         acc = f"{s['accepted']}/{s['drafted']}" + (f" {100 * s['accepted'] / s['drafted']:.0f}%" if s["drafted"]
                                                    else "")
         diff = "-" if s["method"].endswith(":target") else (
@@ -278,6 +279,12 @@ def print_tables(rows: list[dict], order: list[str], meta: dict) -> None:
         below = "-" if s["method"].endswith(":target") else str(s["below"])
         print(f"{s['method']:24s}{s['n']:>4d}{_f(s['median'], '{:.3f}'):>8s}{_f(s['min'], '{:.3f}'):>8s}"
               f"{_f(s['max'], '{:.3f}'):>8s}{below:>7s}{acc:>20s}{_f(s['vs_llama_median'], '{:.3f}'):>12s}  {diff}")
+    for key in (k for k in order if k.endswith(":target")):
+        spread = [max(x["tok_s"] for x in r.values()) / min(x["tok_s"] for x in r.values())
+                  for (q, k), r in by.items() if k == key and len(r) > 1 and min(x["tok_s"] for x in r.values()) > 0]
+        if spread:  # what one request's ratio can move by on this machine with nothing changed
+            print(f"{key}: its own runs of a request, fastest over slowest: median {statistics.median(spread):.3f}, "
+                  f"max {max(spread):.3f} over {len(spread)} requests (the noise a paired ratio carries)")
 
 
 # --------------------------------------------------------------------------------- main

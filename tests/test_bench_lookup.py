@@ -145,6 +145,7 @@ def test_quick_smoke_ours_only_and_resume(tmp_path, tiny_draft, tiny_target):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 16 and sorted({x.get("round", 0) for x in rows}) == [0, 1]
     assert "the median of 2 rounds" in r.stdout and "<0.95" in r.stdout
+    assert re.search(r"ours:target: its own runs of a request, fastest over slowest: median \d\.\d{3}", r.stdout)
 
 
 def test_quick_writes_its_own_tiny_pair(tmp_path):
