@@ -20,15 +20,17 @@ Runs are interleaved per request (ours and llama.cpp's alternate, the order reve
 requests) so that the drift of a shared machine falls on every method alike. ``--repeats N``
 runs each request's methods N times in a row (the order reversed every other time): a request's
 ratio is then the median of its N paired ratios, each over the target run beside it, which is
-what a claim about the worst request needs on a machine whose speed moves by a sixth from one
-run to the next.
+what a claim about the worst request needs on a machine whose speed moves by 5-10 % (at times a
+third) from one run of a request to the next; the summary prints that spread of the target's own
+runs.
 
 Speeds are decode tokens/s, prompt excluded: ours ``Stats.tokens_per_s``, llama.cpp's
 ``timings.predicted_per_second``. Each method's ratio is taken per request against its own
 system's target alone (ours / our target, llama.cpp's / llama.cpp's target); the summary
-gives their median, min and max, accepted / drafted, and our lookup over llama.cpp's of the
-same name, and how many requests fell below 0.95× their target. Greedy lookup is lossless: each method's tokens are compared with its target's,
-and the requests whose tokens differ are counted, with the first differing position.
+gives their median, min and max, how many requests fell below 0.95× their target, accepted /
+drafted, and our lookup over llama.cpp's of the same name. Greedy lookup is lossless: each
+method's tokens are compared with its target's (round by round), and the requests whose tokens
+differ are counted, with the first differing position.
 
 Models load through the project's loader (the repacking self-test's verdict applies);
 llama-server gets ``-nr`` when ``--no-repack`` is given or that verdict turned repacking off,
@@ -219,8 +221,9 @@ def summarize(rows: list[dict], order: list[str]) -> list[dict]:
             if ratio is not None:
                 ratios.append(ratio)
             if t is not None and method != "target":
-                d = min((d for k in r if k in t and r[k]["token_ids"] and t[k]["token_ids"]
-                         for d in [first_diff(r[k]["token_ids"], t[k]["token_ids"])] if d is not None), default=None)
+                firsts = [first_diff(r[k]["token_ids"], t[k]["token_ids"]) for k in r
+                          if k in t and r[k]["token_ids"] and t[k]["token_ids"]]
+                d = min((x for x in firsts if x is not None), default=None)
                 if d is not None:
                     diffs.append((q, d))
             ll = by.get((q, row_key("llama", method)))
@@ -269,8 +272,7 @@ def print_tables(rows: list[dict], order: list[str], meta: dict) -> None:
     print("\nper method: ratio to its own target alone, per request (ours / our target, llama / llama's target)")
     print(f"{'method':24s}{'n':>4s}{'median':>8s}{'min':>8s}{'max':>8s}{f'<{BELOW}':>7s}{'accepted/drafted':>20s}"
           f"{'ours/llama':>12s}  greedy differs from its target")
-    summary = summarize(rows, order)
-    for s in summary:
+    for s in summarize(rows, order):
         acc = f"{s['accepted']}/{s['drafted']}" + (f" {100 * s['accepted'] / s['drafted']:.0f}%" if s["drafted"]
                                                    else "")
         diff = "-" if s["method"].endswith(":target") else (

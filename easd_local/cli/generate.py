@@ -11,6 +11,7 @@ import typer
 from rich.text import Text
 
 from .. import host
+from ..chat import CHAT_DEFAULTS
 from ..store import provenance
 from ..engine.config import DecodeConfig, not_lossless
 from ..errors import ChatTemplateError, ConfigError
@@ -33,7 +34,7 @@ Default mode ({o.AUTO_MODE_RULE}): the same rule as chat and serve.
 
 easd and easd-tf are not lossless: the gate replaces some of the target's tokens. For the target's own output use --mode sd (or --mode target).
 
-generate is greedy (temperature {DecodeConfig().temperature:g}, up to {DecodeConfig().max_tokens} tokens) so that a run repeats exactly; chat samples (temperature 0.7) as chat UIs do.
+generate is greedy (temperature {DecodeConfig().temperature:g}, up to {DecodeConfig().max_tokens} tokens) so that a run repeats exactly; chat samples (temperature {CHAT_DEFAULTS.temperature:g}) as chat UIs do.
 """
 
 
