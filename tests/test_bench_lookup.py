@@ -53,6 +53,13 @@ def _row(q, system, method, tok_s, ids, drafted=None, accepted=None):
             "drafted": drafted, "accepted": accepted, "prompt_tokens": 10}
 
 
+def test_drafters_that_keep_text_across_requests_are_named():
+    assert bench.learns("ours", "ngram-mod") and bench.learns("llama", "ngram-mod")
+    assert bench.learns("ours", "ngram-simple+ngram-mod")
+    assert not any(bench.learns(s, m) for s in ("ours", "llama") for m in ("target", "ngram-simple"))
+    assert not bench.learns("ours", "draft") and not bench.learns("ours", "ngram-simple+draft")
+
+
 def test_summary_ratios_differences_and_vs_llama():
     assert bench.first_diff([1, 2, 3], [1, 2, 3]) is None
     assert bench.first_diff([1, 2, 3], [1, 5, 3]) == 1 and bench.first_diff([1, 2], [1, 2, 3]) == 2
@@ -143,7 +150,10 @@ def test_quick_smoke_ours_only_and_resume(tmp_path, tiny_draft, tiny_target):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "round 1/2" not in r.stderr and "round 2/2" in r.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 16 and sorted({x.get("round", 0) for x in rows}) == [0, 1]
+    # ngram-mod keeps text across requests: first round only (a second run would replay the first)
+    assert "ours:ngram-mod keep text across requests: first round only" in r.stderr
+    assert len(rows) == 8 + 2 * 3 and sorted({x.get("round", 0) for x in rows}) == [0, 1]
+    assert {x.get("round", 0) for x in rows if x["method"] == "ngram-mod"} == {0}
     assert "the median of 2 rounds" in r.stdout and "<0.95" in r.stdout
     assert re.search(r"ours:target: its own runs of a request, fastest over slowest: median \d\.\d{3}", r.stdout)
 
