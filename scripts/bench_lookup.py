@@ -183,6 +183,13 @@ def llama_system_info(exe: Path) -> str:
 # ------------------------------------------------------------------------------ results
 
 
+def schedule(plan: list[tuple[str, str]], repeats: int, i: int) -> list[tuple[int, tuple[str, str]]]:
+    """(round, (system, method)) of request ``i``'s runs, in order: each round the plan, reversed
+    on every other (request + round); a drafter that ``learns`` in round 0 only."""
+    return [(n, sm) for n in range(repeats) for sm in (plan if (i + n) % 2 == 0 else plan[::-1])
+            if n == 0 or not learns(*sm)]
+
+
 def first_diff(a: list[int], b: list[int]) -> int | None:
     """The first position where two token lists differ (None: equal)."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -296,8 +303,8 @@ def print_tables(rows: list[dict], order: list[str], meta: dict) -> None:
         print(f"{s['method']:24s}{s['n']:>4d}{_f(s['median'], '{:.3f}'):>8s}{_f(s['min'], '{:.3f}'):>8s}"
               f"{_f(s['max'], '{:.3f}'):>8s}{below:>7s}{acc:>20s}{_f(s['vs_llama_median'], '{:.3f}'):>12s}  {diff}")
     for key in (k for k in order if k.endswith(":target")):
-        spread = [max(x["tok_s"] for x in r.values()) / min(x["tok_s"] for x in r.values())
-                  for (q, k), r in by.items() if k == key and len(r) > 1 and min(x["tok_s"] for x in r.values()) > 0]
+        speeds = [[x["tok_s"] for x in r.values()] for (_, k), r in by.items() if k == key and len(r) > 1]
+        spread = [max(v) / min(v) for v in speeds if min(v) > 0]
         if spread:  # what one request's ratio can move by on this machine with nothing changed
             print(f"{key}: its own runs of a request, fastest over slowest: median {statistics.median(spread):.3f}, "
                   f"max {max(spread):.3f} over {len(spread)} requests (the noise a paired ratio carries)")
@@ -448,16 +455,13 @@ def main(argv=None) -> int:
         if a.repeats > 1 and any(learns(*sm) for sm in plan):
             log("note: " + ", ".join(row_key(*sm) for sm in plan if learns(*sm)) + " keep text across requests: "
                 "first round only (a second run of a request would replay its first answer)")
-        if any((q["id"], row_key(*sm), n) not in done for q in requests for sm in plan
-               for n in range(a.repeats) if n == 0 or not learns(*sm)):
+        if any((q["id"], row_key(*sm), n) not in done for q in requests for n, sm in schedule(plan, a.repeats, 0)):
             warm_up(pair, servers, plan, requests[0]["text"], cfg_base)
         t_start = time.perf_counter()
         for i, q in enumerate(requests):
             text = pair.target.vocab.apply_chat_template([{"role": "user", "content": q["text"]}])
             tokens = pair.target.vocab.tokenize(text, add_special=True, parse_special=True)
-            runs = [(n, sm) for n in range(a.repeats) for sm in (plan if (i + n) % 2 == 0 else plan[::-1])
-                    if n == 0 or not learns(*sm)]
-            for n, (system, method) in runs:
+            for n, (system, method) in schedule(plan, a.repeats, i):
                 if (q["id"], row_key(system, method), n) in done:
                     continue
                 r = (run_ours(pair, tokens, method, cfg_base) if system == "ours"

@@ -64,7 +64,7 @@ def split(marks: list[tuple[str, int]]) -> tuple[dict[str, float], int]:
         w = marks[a:nxt + 1]
         total = w[-1][1] - w[0][1]
         open_at: dict[str, int] = {}
-        spent = dict.fromkeys(("decode_batch", "address", "sample", "emit"), 0)
+        spent = dict.fromkeys(("address", "sample", "emit"), 0)
         db_out = db_in = None
         for lab, t in w:
             name, edge = lab[:-1], lab[-1]

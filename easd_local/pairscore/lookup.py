@@ -58,14 +58,14 @@ def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *
     idx = L._SlotIndex(0, size_n)
     i, n = 0, len(text)
     costs = book.costs
-    own = Ledger()
+    own = Ledger() if ledger else None
     while i < n:
         e, length, witness = L.witnessed_match(seq, idx)
         if not witnessed:
             witness = ONCE
         k = 0
         if e >= 0 and (may_draft is None or may_draft(i)):
-            k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX), witness, own if ledger else None)
+            k = book.length(length, min(size_m, len(seq) - e, n - i - 1, K_MAX), witness, own)
         proposal = seq[e:e + k] if k else []
         a = 0
         while a < len(proposal) and proposal[a] == text[i + a]:

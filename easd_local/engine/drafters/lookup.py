@@ -21,7 +21,7 @@ import numpy as np
 
 from ..sequence import Seq
 from .base import Ask, Counters, DraftGen, Proposal, looked_up
-from .policy import AGREE, DISAGREE, ONCE, AcceptanceBook, Ledgers
+from .policy import AGREE, DISAGREE, ONCE, AcceptanceBook, Ledger, Ledgers
 
 MAX_MATCH = 32  # a match is measured back this far at most (confidence saturates well before)
 # n-gram lengths indexed above ``spec_ngram_size_n``: the lookup tries the longest first, so
@@ -119,6 +119,9 @@ class LookupDrafter:
             idx = self._slots[s.slot] = _SlotIndex(s, s.cfg.spec_ngram_size_n)
         return idx
 
+    def _ledger(self, s: Seq) -> Ledger | None:
+        return self.ledgers.of(s.slot, s) if self.stop_loss else None
+
     def begin(self, s: Seq) -> Generator[Ask, np.ndarray, None]:
         self._index(s).grow(s.seq, len(s.seq))
         return
@@ -135,7 +138,7 @@ class LookupDrafter:
         tokens: list[int] = []
         if e >= 0:
             cap = min(n_max, s.cfg.spec_ngram_size_m, len(seq) - e)
-            k = self.book.length(length, cap, witness, self.ledgers.of(s.slot, s) if self.stop_loss else None)
+            k = self.book.length(length, cap, witness, self._ledger(s))
             tokens = seq[e:e + k]
             for i, t in enumerate(tokens):  # nothing after an end-of-generation token
                 if t in s.eog:
@@ -148,5 +151,4 @@ class LookupDrafter:
         if proposal.drafter is self:
             self.counters.add(len(proposal.tokens), n_accepted)
             idx = self._index(s)
-            self.book.record(idx.last_match, len(proposal.tokens), n_accepted, idx.last_witness,
-                             self.ledgers.of(s.slot, s))
+            self.book.record(idx.last_match, len(proposal.tokens), n_accepted, idx.last_witness, self._ledger(s))
