@@ -145,5 +145,16 @@ def main(argv=None) -> int:
     return 0
 
 
+def run(argv=None) -> int:
+    """``main``, a missing or broken model file (or another of the package's errors) told in one line."""
+    from easd_local.errors import EasdError
+
+    try:
+        return main(argv)
+    except EasdError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -306,3 +306,12 @@ def test_controller_split_parts_add_up_to_the_generations_own_figure(tmp_path, t
         assert len(parts) == 5, line
         assert 0.5 * own <= sum(parts.values()) <= 1.5 * own + 20, line
     assert "of which the row's address" in out.stdout
+
+
+def test_controller_split_names_a_missing_model_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "controller_split.py"), "--target",
+                          str(tmp_path / "missing.gguf"), "--rounds", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and out.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "missing.gguf" in out.stderr
+
