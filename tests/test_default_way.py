@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from easd_local.engine.ways import MARGIN, WAY_TABLE, WAYS, choose
+from easd_local.pairscore.probe import PROBE_GAMMA
 from easd_local.store import costs as store
 
 EASD = [sys.executable, "-m", "easd_local"]
@@ -73,7 +74,8 @@ def test_pair_costs_measures_every_way_and_records_it(tiny_draft, tiny_target, t
     entry = json.loads(r.stdout)
     assert set(entry["ratios"]) == set(WAY_TABLE) and entry["ratios"]["target"] == 1.0
     assert all(v > 0 for v in entry["tokens_per_s"].values())
-    assert entry["texts_differing"]["target"] == 0 and len(entry["verify_costs"]) >= 5
+    # timed up to a lookup's longest proposal, not extrapolated (``probe.PROBE_GAMMA``)
+    assert entry["texts_differing"]["target"] == 0 and len(entry["verify_costs"]) == PROBE_GAMMA + 1
     recorded = json.loads((tmp_path / store.COSTS_NAME).read_text())
     assert entry["key"] in recorded
     # the next command reads it

@@ -209,6 +209,17 @@ def test_best_length_follows_acceptance_and_costs():
     assert P.extend_costs([0.1, 0.2], 4) == pytest.approx((1.0, 2.0, 3.0, 4.0, 5.0))
 
 
+def test_costs_go_on_at_their_mean_slope_not_the_last_steps():
+    # a record whose last step timed cheaper than the one before (7.31, 7.27 on 2026-12-06):
+    # longer proposals cost the mean drafted token, not next to nothing
+    rec = [1.0, 1.67, 2.24, 2.37, 2.97, 3.63, 4.06, 7.31, 7.27]
+    c = P.extend_costs(rec, 16)
+    assert c[:9] == pytest.approx(rec)
+    assert c[16] == pytest.approx(7.27 + 8 * (7.27 - 1.0) / 8)
+    # so a bucket that copies (a = 0.97) proposes within the measured lengths (here 3), not all 16
+    assert P.best_length(0.97, c, 16) <= 8
+
+
 def test_book_stops_proposing_after_rejections_and_explores():
     book = P.AcceptanceBook(P.linear_costs(16, 0.29))
     assert book.length(2, 10) >= 1  # the prior: worth one token

@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..pairscore import corpus as corp
 from ..pairscore import passes, plot, summary, written
 from ..pairscore.predict import GAMMAS
-from ..pairscore.probe import probe
+from ..pairscore.probe import PROBE_GAMMA, probe
 from ..store import provenance
 from ..store.catalog import load_catalog, local_path
 from ..store.profiles import file_id
@@ -317,7 +317,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
             if timing:
                 first = ps.scored[0].item
                 context = list(first.prompt) + list(first.text[:PROBE_TOKENS])
-                if len(context) >= max(GAMMAS) + 2:
+                if len(context) >= PROBE_GAMMA + 2:
                     with spinner("timing probe"):
                         costs = probe(tgt, dms, context)
         finally:

@@ -91,6 +91,6 @@ def _print(entry: dict, have_draft: bool) -> None:
     console.print(t)
     vc = entry.get("verify_costs")
     if vc:
-        shown = ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(vc) if k in (1, 4, len(vc) - 1))
+        shown = ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(vc) if k in (1, 4, 7, 8, 15, len(vc) - 1))
         extra = f" · a draft-model token {entry['draft_token']:.2f} of a target token" if have_draft and entry.get("draft_token") else ""
         console.print(Text(f"verify costs, in one-token decodes per k drafted tokens: {shown}{extra}"), soft_wrap=True)

@@ -5,7 +5,11 @@ are timed in turn within each round, so that a drift of the machine's speed over
 moves them alike and their ratios (the verify costs in one-token decodes) stand.
 
 - the target, one token, logits at it: a ``target`` mode step;
-- the target, k = 2..gamma+1 tokens with logits at every one: an SD verify of gamma = k − 1;
+- the target, k = 2..gamma+1 tokens with logits at every one: an SD verify of gamma = k − 1, up to
+  a prompt lookup's longest proposal (``PROBE_GAMMA``): a verify's cost is not a straight line
+  in its tokens (on a 2-core AMD EPYC with the default pair, 8 tokens cost 1.5 decodes more than
+  7, and 16 tokens about one decode less than 15: llama.cpp's CPU kernels work in blocks of
+  rows), so the lengths a lookup may propose are timed, not extrapolated;
 - each draft, one token and two tokens, logits at the last: a drafting step, and the
   catch-up that starts a block after a bonus block.
 """
@@ -17,8 +21,13 @@ import time
 from typing import Sequence
 
 from ..calibrate import prefill
+from ..engine.config import DecodeConfig
 from ..llamacpp.runtime import Part
 from .predict import GAMMAS, Costs
+
+# the most drafted tokens a probe times a verify of: the draft model's gammas and a prompt
+# lookup's longest proposal by default (--spec-ngram-size-m)
+PROBE_GAMMA = max(max(GAMMAS), DecodeConfig.spec_ngram_size_m)
 
 
 def _time(model, context: Sequence[int], shapes: Sequence[tuple[Sequence[int], Sequence[int]]],
@@ -40,7 +49,7 @@ def _time(model, context: Sequence[int], shapes: Sequence[tuple[Sequence[int], S
     return [statistics.median(t) for t in times]
 
 
-def probe(target, drafts: Sequence, context: Sequence[int], *, max_gamma: int = max(GAMMAS),
+def probe(target, drafts: Sequence, context: Sequence[int], *, max_gamma: int = PROBE_GAMMA,
           reps: int = 5) -> list[Costs]:
     """Costs of the target with each draft, after ``context`` (prompt and some text: at
     least ``max_gamma + 2`` tokens; the last ``max_gamma + 1`` are the ones decoded)."""

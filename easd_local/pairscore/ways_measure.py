@@ -74,7 +74,7 @@ def measure(target: Model, draft: Model | None, prompts: Sequence[list[int]], ma
     """Each way of ``WAYS`` that the loaded models allow, on every prompt; the probe's costs
     (None without a draft model: the probe times a draft too)."""
     context = list(prompts[0]) + list(prompts[1])
-    costs = probe(target, [draft] if draft is not None else [target], context, reps=3)[0]
+    costs = probe(target, [draft] if draft is not None else [target], context)[0]
     vc = verify_costs(costs)
     ways = [w for w in WAYS if draft is not None or not w.uses_draft_model]
     runs = {w.name: WayRun() for w in ways}

@@ -54,12 +54,15 @@ def linear_costs(k_max: int, slope: float = DEFAULT_SLOPE) -> tuple[float, ...]:
 
 def extend_costs(costs: Sequence[float], k_max: int) -> tuple[float, ...]:
     """``costs`` (k = 0.. as measured) continued linearly up to ``k_max`` drafted tokens with
-    the slope of its last step (a verify grows at most linearly in the tokens it holds)."""
+    their mean slope, the cost of a drafted token over the measured range. Not the last step's:
+    a verify's cost is not a straight line in its tokens (blocks of rows in llama.cpp's CPU
+    kernels), and a last step that timed cheaper than the one before (a record of 2026-12-06
+    ended 7.31, 7.27) would price every longer proposal at next to nothing."""
     c = [float(x) for x in costs]
     if not c or c[0] <= 0:
         raise ValueError("costs[0] must be the (positive) cost of one decode")
     c = [x / c[0] for x in c]
-    slope = (c[-1] - c[-2]) if len(c) > 1 else DEFAULT_SLOPE
+    slope = (c[-1] - c[0]) / (len(c) - 1) if len(c) > 1 else DEFAULT_SLOPE
     slope = max(slope, 1e-3)
     while len(c) < k_max + 1:
         c.append(c[-1] + slope)
