@@ -12,6 +12,14 @@ are all it reads.
     python scripts/lookup_replay.py results/lookup-code-256.jsonl results/lookup-gsm8k-256.jsonl
     python scripts/lookup_replay.py --study results/study/gsm8k-greedy.jsonl --skip 10 --limit 100
 
+``--costs``: the verify costs the policy decides with, instead of the recorded ones (extended
+past their range as a drafter extends them). ``--price``: a ``scripts/verify_curve.py --json``
+output; every policy, and the ceiling, is priced with that measured curve instead of the costs
+it decides with (so two cost records can be compared on one curve):
+
+    python scripts/lookup_replay.py results/lookup-code-256.jsonl --price results/verify-curve-s25.json \
+        --costs 1.0,1.67,2.24,2.37,2.97,3.63,4.06,7.31,7.27
+
 ``--study``: the quality study's greedy answers of the target alone (its ``completion`` texts,
 tokenized again, their first 256 tokens) to GSM8K questions after the first ``--skip`` (the
 256-token bench's ten), each after the question as ``bench_lookup.py`` renders it (the study's
@@ -51,6 +59,12 @@ def oracle(prompt: list[int], text: list[int], costs, size_n: int = 2, size_m: i
         seq.extend(text[i:i + emitted])
         i += emitted
     return len(text) / cost
+
+
+def priced(sim, price) -> float:
+    """A simulation's speed-up with its verifies priced at ``price`` (one-token decodes per k
+    drafted tokens) rather than the costs its policy decided with."""
+    return sim.tokens / sum(n * price[min(k, len(price) - 1)] for k, n in sim.proposals.items())
 
 
 def recorded_costs():
@@ -98,8 +112,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--study", type=Path, help="the study's gsm8k-greedy.jsonl (its target answers)")
     ap.add_argument("--skip", type=int, default=10, help="with --study: GSM8K questions skipped first")
     ap.add_argument("--limit", type=int, default=100, help="with --study: answers replayed")
+    ap.add_argument("--costs", help="verify costs to decide with, k = 0.. comma-separated (default: the recorded)")
+    ap.add_argument("--price", type=Path, help="price with this verify_curve.py --json curve")
     a = ap.parse_args(argv)
-    for f in a.runs + ([a.study] if a.study else []):
+    try:
+        decide = [float(x) for x in a.costs.split(",")] if a.costs else None
+    except ValueError:
+        ap.error(f"--costs: numbers separated by commas, got {a.costs!r}")
+    if decide is not None and (not decide or decide[0] <= 0):
+        ap.error("--costs: the first (no draft: one decode) must be positive")
+    for f in a.runs + ([a.study] if a.study else []) + ([a.price] if a.price else []):
         if not f.is_file():
             ap.error(f"{f}: no such file")
     if not a.runs and not a.study:
@@ -108,11 +130,23 @@ def main(argv: list[str]) -> int:
     from easd_local.llamacpp.runtime import ModelFile
     from easd_local.pairscore.lookup import simulate
 
+    from easd_local.engine.drafters.policy import extend_costs
+    from easd_local.pairscore.lookup import K_MAX
+
     got = recorded_costs()
     if got is None:
         return 2
     files, rec, costs = got
-    print(f"verify costs recorded {rec.get('date')}: " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(costs[:9])))
+    if decide is not None:
+        costs = extend_costs(decide, K_MAX)
+        print("verify costs given (--costs): " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(costs[:17])))
+    else:
+        print(f"verify costs recorded {rec.get('date')}: " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(costs[:17])))
+    price = costs
+    if a.price:
+        curve = json.loads(a.price.read_text(encoding="utf-8"))["cost_by_tokens"]
+        price = extend_costs([curve[str(k)] for k in range(1, len(curve) + 1)], K_MAX)
+        print(f"priced with {a.price.name}: " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(price[:17])))
     vocab = ModelFile(files.target).vocab
     sets = [(f.name, target_texts(f, vocab)) for f in a.runs]
     if a.study:
@@ -121,10 +155,10 @@ def main(argv: list[str]) -> int:
         book, blind_book, loose_book = AcceptanceBook(costs), AcceptanceBook(costs), AcceptanceBook(costs)
         policy, blind, loose, best = [], [], [], []
         for prompt, text in texts:
-            policy.append(simulate(prompt, text, book).speedup)
-            blind.append(simulate(prompt, text, blind_book, witnessed=False).speedup)
-            loose.append(simulate(prompt, text, loose_book, ledger=False).speedup)
-            best.append(oracle(prompt, text, costs))
+            policy.append(priced(simulate(prompt, text, book), price))
+            blind.append(priced(simulate(prompt, text, blind_book, witnessed=False), price))
+            loose.append(priced(simulate(prompt, text, loose_book, ledger=False), price))
+            best.append(oracle(prompt, text, price))
         for what, xs in (("the drafter's policy", policy), ("the policy blind to its witness", blind),
                          ("the policy without its stop-loss", loose), ("knowing the accepted length", best)):
             print(f"{name}: {len(xs)} texts, {what}: median {statistics.median(xs):.3f}x, "

@@ -177,3 +177,19 @@ def test_llama_half_on_tiny_pair_when_built(tmp_path, tiny_draft, tiny_target):
     assert set(llama) == {"target", "ngram-simple", "ngram-mod"}
     assert all(x["tokens"] >= 1 and x["tok_s"] > 0 and x["prompt_n"] == x["prompt_tokens"] for x in llama.values())
     assert "llama:ngram-mod" in r.stdout
+
+
+def test_replay_prices_what_its_policy_proposed_with_another_curve():
+    """``lookup_replay.py --price``: the same proposals, their verifies priced at a measured curve
+    rather than the costs the policy decided with."""
+    import lookup_replay
+    from easd_local.engine.drafters.policy import AcceptanceBook, linear_costs
+    from easd_local.pairscore.lookup import simulate
+
+    text = [5, 6, 7, 8] * 12
+    sim = simulate([1, 2] + text[:8], text, AcceptanceBook(linear_costs(64, 0.29)))
+    assert lookup_replay.priced(sim, linear_costs(64, 0.29)) == pytest.approx(sim.speedup)
+    dearer = lookup_replay.priced(sim, linear_costs(64, 0.6))
+    assert 0 < dearer < sim.speedup
+    want = sim.tokens / sum(n * (1 + 0.6 * k) for k, n in sim.proposals.items())
+    assert dearer == pytest.approx(want)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from easd_local.engine.ways import MARGIN, WAY_TABLE, WAYS, choose
 from easd_local.pairscore.probe import PROBE_GAMMA
@@ -98,3 +99,18 @@ def test_chat_loads_the_draft_model_when_a_mode_first_needs_it(tiny_draft, tiny_
     assert "draft_loaded" in events
     modes = [r["stats"]["mode"] for r in rows if r["event"] == "assistant"]
     assert modes[-1] == "easd"
+
+
+def test_verify_curve_times_every_length_on_a_real_model(tiny_target, tmp_path):
+    """``scripts/verify_curve.py`` (real llama.cpp, the tiny target): one cost per verify length,
+    in one-token decodes (the first is 1 by definition); a missing file is one line, exit 2."""
+    script = [sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "verify_curve.py")]
+    r = subprocess.run(script + ["--target", str(tiny_target), "--rows", "5", "--reps", "2", "--threads", "1",
+                                 "--json", str(tmp_path / "c.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert len([ln for ln in r.stdout.splitlines() if ln.split()[:1] in (["1"], ["5"])]) == 2  # the table's rows
+    out = json.loads((tmp_path / "c.json").read_text())
+    assert list(out["cost_by_tokens"]) == ["1", "2", "3", "4", "5"] and out["cost_by_tokens"]["1"] == 1.0
+    assert all(v > 0 for v in out["ms_by_tokens"].values()) and out["reps"] == 2
+    r = subprocess.run(script + ["--target", str(tmp_path / "none.gguf")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

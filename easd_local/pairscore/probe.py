@@ -30,7 +30,7 @@ from .predict import GAMMAS, Costs
 PROBE_GAMMA = max(max(GAMMAS), DecodeConfig.spec_ngram_size_m)
 
 
-def _time(model, context: Sequence[int], shapes: Sequence[tuple[Sequence[int], Sequence[int]]],
+def time_shapes(model, context: Sequence[int], shapes: Sequence[tuple[Sequence[int], Sequence[int]]],
           reps: int) -> list[float]:
     """The median seconds of one decode of each (tokens, rows) shape after ``context``, the
     shapes taken in turn within each of ``reps`` rounds (after a warm-up round), so that a drift
@@ -57,10 +57,10 @@ def probe(target, drafts: Sequence, context: Sequence[int], *, max_gamma: int = 
     if len(context) < k_max + 1:
         raise ValueError(f"the probe needs at least {k_max + 1} tokens of context, got {len(context)}")
     ctx, toks = list(context[:-k_max]), list(context[-k_max:])
-    t_one, *t_verify = _time(target, ctx, [(toks[:k], range(k)) for k in range(1, k_max + 1)], reps)
+    t_one, *t_verify = time_shapes(target, ctx, [(toks[:k], range(k)) for k in range(1, k_max + 1)], reps)
     verify = dict(zip(range(2, k_max + 1), t_verify))
     out = []
     for d in drafts:
-        one, two = _time(d, ctx, [(toks[:1], (0,)), (toks[:2], (1,))], reps)
+        one, two = time_shapes(d, ctx, [(toks[:1], (0,)), (toks[:2], (1,))], reps)
         out.append(Costs(target_token=t_one, target_verify=verify, draft_token=one, draft_two=two))
     return out
