@@ -67,21 +67,34 @@ def priced(sim, price) -> float:
     return sim.tokens / sum(n * price[min(k, len(price) - 1)] for k, n in sim.proposals.items())
 
 
-def recorded_costs():
+def recorded_costs(given: list[float] | None = None):
     """(the default pair's files, the costs record, its verify costs extended to ``K_MAX``
-    drafted tokens), or None with the message printed when no costs were recorded at 2 threads."""
+    drafted tokens, or ``given``'s), or None with the message printed when none were given and
+    none were recorded at 2 threads."""
     from easd_local.engine.drafters.policy import extend_costs
     from easd_local.pairscore.lookup import K_MAX
     from easd_local.store import costs as cost_store
     from easd_local.store.resolve import resolve_pair
 
     files = resolve_pair(None, None, None)
-    rec = cost_store.find(cost_store.costs_key(files.draft, files.target, 2, 0, None))
-    if not rec or not rec.get("verify_costs"):
+    rec = cost_store.find(cost_store.costs_key(files.draft, files.target, 2, 0, None)) or {}
+    if given is not None:
+        return files, rec, extend_costs(given, K_MAX)
+    if not rec.get("verify_costs"):
         print("error: no verify costs recorded for the default pair at 2 threads (run `easd-local pair costs`)",
               file=sys.stderr)
         return None
     return files, rec, extend_costs(rec["verify_costs"], K_MAX)
+
+
+def read_curve(path: Path) -> list[float] | None:
+    """A ``verify_curve.py --json`` file's costs by tokens (k = 1..), None if it holds none."""
+    try:
+        curve = json.loads(path.read_text(encoding="utf-8"))["cost_by_tokens"]
+        out = [float(curve[str(k)]) for k in range(1, len(curve) + 1)]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return out if out and out[0] > 0 else None
 
 
 def load_run(run: Path) -> tuple[str, list[dict], dict[str, str]]:
@@ -126,26 +139,21 @@ def main(argv: list[str]) -> int:
             ap.error(f"{f}: no such file")
     if not a.runs and not a.study:
         ap.error("give bench_lookup.py --json files, or --study")
-    from easd_local.engine.drafters.policy import AcceptanceBook
+    curve = read_curve(a.price) if a.price else None
+    if a.price and curve is None:
+        ap.error(f"--price {a.price}: not a verify_curve.py --json file")
+    from easd_local.engine.drafters.policy import AcceptanceBook, extend_costs
     from easd_local.llamacpp.runtime import ModelFile
-    from easd_local.pairscore.lookup import simulate
+    from easd_local.pairscore.lookup import K_MAX, simulate
 
-    from easd_local.engine.drafters.policy import extend_costs
-    from easd_local.pairscore.lookup import K_MAX
-
-    got = recorded_costs()
+    got = recorded_costs(decide)
     if got is None:
         return 2
     files, rec, costs = got
-    if decide is not None:
-        costs = extend_costs(decide, K_MAX)
-        print("verify costs given (--costs): " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(costs[:17])))
-    else:
-        print(f"verify costs recorded {rec.get('date')}: " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(costs[:17])))
-    price = costs
-    if a.price:
-        curve = json.loads(a.price.read_text(encoding="utf-8"))["cost_by_tokens"]
-        price = extend_costs([curve[str(k)] for k in range(1, len(curve) + 1)], K_MAX)
+    said = "given (--costs)" if decide is not None else f"recorded {rec.get('date')}"
+    print(f"verify costs {said}: " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(costs[:17])))
+    price = extend_costs(curve, K_MAX) if curve else costs
+    if curve:
         print(f"priced with {a.price.name}: " + ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(price[:17])))
     vocab = ModelFile(files.target).vocab
     sets = [(f.name, target_texts(f, vocab)) for f in a.runs]

@@ -193,3 +193,14 @@ def test_replay_prices_what_its_policy_proposed_with_another_curve():
     assert 0 < dearer < sim.speedup
     want = sim.tokens / sum(n * (1 + 0.6 * k) for k, n in sim.proposals.items())
     assert dearer == pytest.approx(want)
+
+
+def test_replay_reads_a_curve_or_says_it_is_none(tmp_path):
+    import lookup_replay
+
+    good = tmp_path / "c.json"
+    good.write_text(json.dumps({"cost_by_tokens": {"1": 1.0, "2": 1.6, "3": 2.1}}))
+    assert lookup_replay.read_curve(good) == [1.0, 1.6, 2.1]
+    for bad in ("{}", "not json", json.dumps({"cost_by_tokens": {"2": 1.6}}), json.dumps({"cost_by_tokens": {}})):
+        (tmp_path / "b.json").write_text(bad)
+        assert lookup_replay.read_curve(tmp_path / "b.json") is None
