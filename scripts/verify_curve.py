@@ -19,7 +19,6 @@ where its steps are.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -39,6 +38,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.rows < 1 or a.reps < 1 or a.threads < 1:
         ap.error("--rows, --reps and --threads must be >= 1")
+    from easd_local.fsutil import describe_write_error, write_json_atomic
     from easd_local.llamacpp.devices import system_info
     from easd_local.llamacpp.runtime import LoadOptions, Model
     from easd_local.pairscore.probe import time_shapes
@@ -61,7 +61,11 @@ def main(argv=None) -> int:
            "system_info": system_info(), "cost_by_tokens": {str(k): round(c, 4) for k, c in enumerate(costs, 1)},
            "ms_by_tokens": {str(k): round(1e3 * s, 2) for k, s in enumerate(secs, 1)}}
     if a.json:
-        a.json.write_text(json.dumps(out) + "\n", encoding="utf-8")
+        try:  # whole or not at all: lookup_replay.py --price reads it
+            write_json_atomic(a.json, out)
+        except OSError as e:
+            print(f"error: {describe_write_error(a.json, e)}", file=sys.stderr)
+            return 1
     print(f"{out['target']}, {a.threads} threads, context {len(ctx)} tokens, median of {a.reps}, "
           f"load {out['load_avg'][0]} -> {out['load_avg'][1]}, weight repacking {'on' if repack else 'off'}")
     print(f"llama.cpp: {out['system_info']}")

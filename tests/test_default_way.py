@@ -114,3 +114,8 @@ def test_verify_curve_times_every_length_on_a_real_model(tiny_target, tmp_path):
     assert all(v > 0 for v in out["ms_by_tokens"].values()) and out["reps"] == 2
     r = subprocess.run(script + ["--target", str(tmp_path / "none.gguf")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    (tmp_path / "afile").write_text("x")  # --json OUT that cannot be written: one line, nothing half-written
+    r = subprocess.run(script + ["--target", str(tiny_target), "--rows", "2", "--reps", "1", "--threads", "1",
+                                 "--json", str(tmp_path / "afile" / "c.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "afile").read_text() == "x"
