@@ -6,6 +6,7 @@ with (``easd-local pair costs`` records it up to a lookup's longest proposal).
     python scripts/verify_curve.py                          # the default pair's target, 1..33 tokens
     python scripts/verify_curve.py --rows 17 --reps 20 --json curve.json   # and the figures as JSON
     python scripts/verify_curve.py --target T.gguf --threads 4
+    python scripts/verify_curve.py --rows 17 --no-repack            # llama.cpp's plain CPU kernels
 
 Each shape (k tokens after the same context, logits at every one: an SD verify of k − 1 drafted
 tokens) is timed ``--reps`` times, the shapes in turn within each round after a warm-up round, and
@@ -33,6 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=33, help="the longest verify timed, in tokens (default 33)")
     ap.add_argument("--reps", type=int, default=10, help="timed rounds (default 10)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-repack", action="store_true", help="no weight repacking (llama.cpp's -nr)")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the figures to OUT as one JSON object "
                     "(lookup_replay.py --price reads it)")
     a = ap.parse_args(argv)
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     if a.target is None:
         a.target = resolve_pair(None, None, None).target
     load0 = os.getloadavg()[0]
-    with Model(a.target, LoadOptions(n_ctx=2048, n_threads=a.threads)) as m:
+    with Model(a.target, LoadOptions(n_ctx=2048, n_threads=a.threads, extra_bufts=False if a.no_repack else None)) as m:
         toks = m.vocab.tokenize(PROMPTS[0] + PROMPTS[1], parse_special=False)
         if len(toks) < a.rows + 1:
             ap.error(f"--rows at most {len(toks) - 1} (the context's tokens)")
