@@ -146,14 +146,9 @@ def main(argv=None) -> int:
 
 
 def run(argv=None) -> int:
-    """``main``, a missing or broken model file (or another of the package's errors) told in one line."""
-    from easd_local.errors import EasdError
+    from easd_local.cli.common import run_script
 
-    try:
-        return main(argv)
-    except EasdError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_script(main, argv)
 
 
 if __name__ == "__main__":

@@ -55,3 +55,13 @@ def friendly(fn):
             raise typer.Exit(0) from None
 
     return wrapper
+
+
+def run_script(main, argv=None) -> int:
+    """A script's ``main(argv)``, with the package's errors (a missing or broken model file, a
+    bad pair) told in one line on stderr and their exit code, not a traceback."""
+    try:
+        return main(argv)
+    except EasdError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
