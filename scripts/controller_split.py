@@ -145,11 +145,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def run(argv=None) -> int:
+if __name__ == "__main__":
     from easd_local.cli.common import run_script
 
-    return run_script(main, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(run_script(main))

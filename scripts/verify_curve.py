@@ -10,7 +10,7 @@ with (``easd-local pair costs`` records it up to a lookup's longest proposal).
 
 Each shape (k tokens after the same context, logits at every one: an SD verify of k − 1 drafted
 tokens) is timed ``--reps`` times, the shapes in turn within each round after a warm-up round, and
-the median kept (``pairscore.probe.time_shapes``, the probe ``pair costs`` runs). The context is
+the median kept (``pairscore.probe.time_verifies``, as the probe of ``pair costs`` times them). The context is
 ``pair costs``' two code-editing prompts. Printed per k: the cost in one-token decodes, the
 milliseconds, and the step from k − 1; figures only, nothing asserted. A verify's cost is not a
 straight line in k on a CPU (llama.cpp's kernels work in blocks of rows): this script shows
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     from easd_local.fsutil import describe_write_error, write_json_atomic
     from easd_local.llamacpp.devices import system_info
     from easd_local.llamacpp.runtime import LoadOptions, Model
-    from easd_local.pairscore.probe import time_shapes
+    from easd_local.pairscore.probe import time_verifies
     from easd_local.pairscore.ways_measure import PROMPTS
     from easd_local.store.resolve import resolve_pair
 
@@ -54,11 +54,10 @@ def main(argv=None) -> int:
         toks = m.vocab.tokenize(PROMPTS[0] + PROMPTS[1], parse_special=False)
         if len(toks) < a.rows + 1:
             ap.error(f"--rows at most {len(toks) - 1} (the context's tokens)")
-        ctx, last = toks[:-a.rows], toks[-a.rows:]
-        secs = time_shapes(m, ctx, [(last[:k], range(k)) for k in range(1, a.rows + 1)], a.reps)
+        secs = time_verifies(m, toks, a.rows, a.reps)
         repack = m.repack.extra_bufts
     costs = [s / secs[0] for s in secs]
-    out = {"target": Path(a.target).name, "threads": a.threads, "reps": a.reps, "context": len(ctx),
+    out = {"target": Path(a.target).name, "threads": a.threads, "reps": a.reps, "context": len(toks) - a.rows,
            "load_avg": [round(load0, 2), round(os.getloadavg()[0], 2)], "repack": repack,
            "system_info": system_info(), "cost_by_tokens": {str(k): round(c, 4) for k, c in enumerate(costs, 1)},
            "ms_by_tokens": {str(k): round(1e3 * s, 2) for k, s in enumerate(secs, 1)}}
@@ -68,7 +67,7 @@ def main(argv=None) -> int:
         except OSError as e:
             print(f"error: {describe_write_error(a.json, e)}", file=sys.stderr)
             return 1
-    print(f"{out['target']}, {a.threads} threads, context {len(ctx)} tokens, median of {a.reps}, "
+    print(f"{out['target']}, {a.threads} threads, context {out['context']} tokens, median of {a.reps}, "
           f"load {out['load_avg'][0]} -> {out['load_avg'][1]}, weight repacking {'on' if repack else 'off'}")
     print(f"llama.cpp: {out['system_info']}")
     print(f"{'tokens':>6} {'drafted':>7} {'decodes':>8} {'ms':>8} {'step':>7}")
@@ -78,11 +77,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def run(argv=None) -> int:
+if __name__ == "__main__":
     from easd_local.cli.common import run_script
 
-    return run_script(main, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(run_script(main))

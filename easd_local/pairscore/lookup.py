@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..engine.drafters import K_MAX  # noqa: F401  (the drafters' longest proposal; pair score reads it here)
 from ..engine.drafters import lookup as L
 from ..engine.drafters.policy import ONCE, AcceptanceBook, Ledger
-
-K_MAX = 64
 
 
 @dataclass

@@ -49,15 +49,23 @@ def time_shapes(model, context: Sequence[int], shapes: Sequence[tuple[Sequence[i
     return [statistics.median(t) for t in times]
 
 
+def time_verifies(target, context: Sequence[int], k_max: int, reps: int) -> list[float]:
+    """The median seconds of the target's decode of k = 1..k_max tokens, logits at every one (a
+    one-token step, then SD verifies of k − 1 drafted tokens), the last ``k_max`` of ``context``
+    after the rest."""
+    if len(context) < k_max + 1:
+        raise ValueError(f"the probe needs at least {k_max + 1} tokens of context, got {len(context)}")
+    ctx, toks = list(context[:-k_max]), list(context[-k_max:])
+    return time_shapes(target, ctx, [(toks[:k], range(k)) for k in range(1, k_max + 1)], reps)
+
+
 def probe(target, drafts: Sequence, context: Sequence[int], *, max_gamma: int = PROBE_GAMMA,
           reps: int = 5) -> list[Costs]:
     """Costs of the target with each draft, after ``context`` (prompt and some text: at
     least ``max_gamma + 2`` tokens; the last ``max_gamma + 1`` are the ones decoded)."""
     k_max = max_gamma + 1
-    if len(context) < k_max + 1:
-        raise ValueError(f"the probe needs at least {k_max + 1} tokens of context, got {len(context)}")
+    t_one, *t_verify = time_verifies(target, context, k_max, reps)  # checks the context's length
     ctx, toks = list(context[:-k_max]), list(context[-k_max:])
-    t_one, *t_verify = time_shapes(target, ctx, [(toks[:k], range(k)) for k in range(1, k_max + 1)], reps)
     verify = dict(zip(range(2, k_max + 1), t_verify))
     out = []
     for d in drafts:
