@@ -235,8 +235,18 @@ def _make_weights(rng: np.random.Generator, n_vocab: int, n_embd: int, n_ff: int
 
 def _write(path: Path, name: str, weights: dict[str, np.ndarray], n_layers: int,
            n_embd: int, n_ff: int, merges: list[tuple[str, str]],
-           qtype: gguf.GGMLQuantizationType) -> None:
+           qtype: gguf.GGMLQuantizationType, layout: np.ndarray | None = None, n_vocab: int = VOCAB_SIZE) -> None:
+    """``layout`` (the wide pair): where each of the tiny vocabulary's tokens lies among
+    ``n_vocab``, every other id a filler token."""
     tokens, types, merge_strs = _vocab(merges)
+    ids = {"bos": BOS_ID, "eos": EOS_ID, "eot": EOT_ID, "pad": PAD_ID}
+    if layout is not None:
+        wide_tokens = [_fill_token(j) for j in range(n_vocab)]
+        wide_types = [int(gguf.TokenType.NORMAL)] * n_vocab
+        for i, j in enumerate(layout):
+            wide_tokens[j], wide_types[j] = tokens[i], types[i]
+        tokens, types = wide_tokens, wide_types
+        ids = {k: int(layout[v]) for k, v in ids.items()}
     file_type = {gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                  gguf.GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
                  gguf.GGMLQuantizationType.F16: gguf.LlamaFileType.MOSTLY_F16}[qtype]
@@ -262,10 +272,10 @@ def _write(path: Path, name: str, weights: dict[str, np.ndarray], n_layers: int,
     wr.add_token_list(tokens)
     wr.add_token_types(types)
     wr.add_token_merges(merge_strs)
-    wr.add_bos_token_id(BOS_ID)
-    wr.add_eos_token_id(EOS_ID)
-    wr.add_eot_token_id(EOT_ID)
-    wr.add_pad_token_id(PAD_ID)
+    wr.add_bos_token_id(ids["bos"])
+    wr.add_eos_token_id(ids["eos"])
+    wr.add_eot_token_id(ids["eot"])
+    wr.add_pad_token_id(ids["pad"])
     wr.add_add_bos_token(False)
     wr.add_chat_template(CHAT_TEMPLATE)
 
@@ -342,14 +352,63 @@ def write_realistic_models(out_dir: Path, seed: int = 0) -> dict[str, Path]:
     return paths
 
 
+# The wide pair: the tiny pair at the default pair's vocabulary width. Rows of 151,936 logits take
+# the controller's wide-row paths (sparse sampling, the entropy's bounds, top-N by blocks,
+# sampling by blocks, the dense lookups), which a 306-token row never reaches. Every weight is
+# the tiny pair's (same seed, same draws) and so is every tiny token, but spread over the wide
+# vocabulary (tiny token i is wide token ``wide_ids()[i]``, as a real vocabulary's likely tokens
+# lie all over it: every block of the blockwise paths holds some); the other ids are filler
+# tokens that no text tokenizes to, whose logits lie about TAIL_BIAS below the head (like the far
+# tail of a real model's row: together under 1e-9 of the mass at T = 1). So the wide pair emits
+# what the tiny pair does, token for token through ``wide_ids``, up to near-ties of llama.cpp's
+# kernels, by the wide-row code.
+WIDE_VOCAB_SIZE = 151_936  # the default pair's (Qwen2.5)
+TAIL_BIAS = -60.0
+
+
+def _fill_token(j: int) -> str:
+    return f"<fill{j}>"
+
+
+def wide_ids(n_vocab: int = WIDE_VOCAB_SIZE) -> np.ndarray:
+    """The wide pair's id of each tiny token (index: the tiny id)."""
+    return np.arange(VOCAB_SIZE) * (n_vocab // VOCAB_SIZE) + 7
+
+
+def write_wide_models(out_dir: Path, seed: int = 0, n_vocab: int = WIDE_VOCAB_SIZE) -> dict[str, Path]:
+    """Write the wide draft/target (Q8_0, ``n_vocab`` tokens) into ``out_dir``; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"draft": out_dir / "wide-draft-q8_0.gguf", "target": out_dir / "wide-target-q8_0.gguf"}
+    rng_main, _ = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+    target = _make_weights(rng_main, VOCAB_SIZE, N_EMBD, N_FF, TARGET_LAYERS, DRAFT_LAYERS, _token_bias())
+    layout = wide_ids(n_vocab)
+    rng_fill = np.random.default_rng(np.random.SeedSequence([seed, n_vocab]))
+    emb = _gauss(rng_fill, (n_vocab, N_EMBD), 1.0)
+    emb[:, 0] = BIAS_CHANNEL
+    out = _gauss(rng_fill, (n_vocab, N_EMBD), 1.0 / np.sqrt(N_EMBD))
+    out[:, 0] = TAIL_BIAS / (LOGIT_SCALE * BIAS_CHANNEL / FINAL_RESIDUAL_RMS)
+    emb[layout], out[layout] = target["token_embd.weight"], target["output.weight"]
+    target["token_embd.weight"], target["output.weight"] = emb, out
+    draft = {k: v for k, v in target.items()
+             if not k.startswith("blk.") or int(k.split(".")[1]) < DRAFT_LAYERS}
+    Q8 = gguf.GGMLQuantizationType.Q8_0
+    _write(paths["target"], "wide-target", target, TARGET_LAYERS, N_EMBD, N_FF, MERGES, Q8, layout, n_vocab)
+    _write(paths["draft"], "wide-draft", draft, DRAFT_LAYERS, N_EMBD, N_FF, MERGES, Q8, layout, n_vocab)
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--realistic", action="store_true",
-                    help="write the realistic-shape pair (512 wide, Q4_K_M / Q5_0 / Q8_0) instead")
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--realistic", action="store_true",
+                      help="write the realistic-shape pair (512 wide, Q4_K_M / Q5_0 / Q8_0) instead")
+    kind.add_argument("--wide", action="store_true",
+                      help="write the wide pair (the tiny pair with the default pair's 151,936-token vocabulary) instead")
     args = ap.parse_args(argv)
-    write = write_realistic_models if args.realistic else write_tiny_models
+    write = write_realistic_models if args.realistic else write_wide_models if args.wide else write_tiny_models
     for key, p in write(args.out_dir, args.seed).items():
         print(f"{key}\t{p}")
     return 0

@@ -134,6 +134,14 @@ def realistic_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def wide_models(tmp_path_factory) -> dict[str, Path]:
+    """The wide pair: the tiny pair's weights and tokens with the default pair's 151,936-token
+    vocabulary (fillers far below the head): keys draft, target (Q8_0, about 45 MB each)."""
+    out = tmp_path_factory.mktemp("wide")
+    return make_tiny_pair.write_wide_models(out, seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_draft(tiny_models) -> Path:
     return tiny_models["draft"]
 
