@@ -1,25 +1,38 @@
 #!/usr/bin/env python3
-"""The GPU check (issue 46): the default pair with every layer on an NVIDIA GPU, our target, sd
-and easd-tf side by side with the controller's share of each, and llama.cpp's own
-``llama-speculative-simple`` on the same prompt.
+"""The GPU check (issue 46): a pair with every layer on an NVIDIA GPU, our target, sd and easd-tf
+side by side with the controller's share of each, and llama.cpp's own
+``llama-speculative-simple`` on the same prompt and files.
 
-    python scripts/gpu_check.py                    # build once (many minutes), then run
-    python scripts/gpu_check.py --max-tokens 256 --json
+    python scripts/gpu_check.py                        # the default pair (pulled), build once, run
+    python scripts/gpu_check.py --pair wide --json     # the wide pair, written on the spot (below)
+    python scripts/gpu_check.py --make-pack .gpu/llama-src.tar.xz   # here: what a lent machine needs
 
-What it does, on a machine with ``nvidia-smi`` and the CUDA toolkit (``nvcc``):
+What it does, on a machine with ``nvidia-smi`` and the CUDA toolkit (``nvcc``, CMake):
 
-1. a virtual environment of its own (``--venv``, default ``$EASD_LOCAL_HOME/gpu-venv``, made
-   with ``--system-site-packages`` so easd-local's other dependencies come from this Python),
-   into which llama-cpp-python (the installed version, from its sdist) is built with CUDA
-   (``CMAKE_ARGS=-DGGML_CUDA=on``); kept for later runs;
-2. in that environment: the default pair (``easd-local pull`` first) loaded with every layer
-   offloaded (``n_gpu_layers=-1``), one warm-up generation, then greedy generations of
-   ``--max-tokens`` tokens in modes target, sd and easd-tf: tokens/s, and
-   ``seconds_controller`` (everything outside ``llama_decode``) as a share of the time and
-   per token;
-3. ``llama-speculative-simple`` built with CUDA from the same llama.cpp (the sdist's vendored
-   tree, as ``scripts/bench_speed.py`` builds it, in a build folder of its own), run with
-   ``-ngl 99 -ngld 99`` on the same prompt and gamma: its tokens/s.
+1. one CMake build, with CUDA for this machine's GPU only (``CMAKE_CUDA_ARCHITECTURES=native``),
+   of the llama.cpp that the installed llama-cpp-python vendors: its shared library and
+   ``llama-speculative-simple`` (``--build-dir``, default
+   ``$EASD_LOCAL_HOME/llama.cpp-build/llama-cpp-python-VERSION-cuda``; kept for later runs);
+2. our modes in a child process that loads llama-cpp-python's Python layer over that library
+   (``LLAMA_CPP_LIB_PATH``): one warm-up generation, then greedy generations of
+   ``--max-tokens`` tokens in modes target, sd and easd-tf with every layer offloaded
+   (``n_gpu_layers=-1``): tokens/s, and ``seconds_controller`` (everything outside
+   ``llama_decode``) as a share of the time and per token;
+3. ``llama-speculative-simple`` from the same build, ``-ngl 99 -ngld 99``, on the same prompt,
+   files and gamma: its tokens/s.
+
+``--pair wide``: the wide pair of the test suite (``make_tiny_pair.py --wide``: a 4-layer,
+128-wide model with the default pair's 151,936-token vocabulary), written into a temporary
+folder. Its decodes take little time on a GPU, so what a token costs there is mostly the
+controller: its microseconds per token at the real vocabulary are what a GPU host pays on top of
+any model's decode. ``--pair default`` needs the default pair pulled (1.6 GB).
+
+Sources: ``--llama-src DIR`` (a llama.cpp tree), ``--pack FILE`` (made by ``--make-pack``), else
+the llama-cpp-python sdist (as ``scripts/bench_speed.py`` finds it). A lent machine that
+reaches no network and takes a small working tree gets the pack: ``--make-pack OUT`` writes a
+tar.xz of llama-cpp-python's Python layer, its vendored llama.cpp without models, docs, tests,
+tools and the other GPU backends, gguf-py, and diskcache (which llama-cpp-python imports), a
+few MB. There: ``python3 scripts/gpu_check.py --pack .gpu/llama-src.tar.xz --pair wide``.
 
 Without a GPU it says so and exits with status 2, having built and run nothing.
 """
@@ -32,7 +45,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +58,20 @@ PROMPT = ("Write a Python function that returns the n-th Fibonacci number iterat
           "then explain its running time in two sentences.")
 MODES = ("target", "sd", "easd-tf")
 NO_GPU = 2
+# llama.cpp's shared library and the one tool, nothing else; CUDA for this machine's GPU only
+BUILD_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_EXAMPLES=ON",
+)
+CUDA_FLAGS = ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=native")
+TARGETS = ("llama", "llama-speculative-simple")
+# what the pack leaves out of the vendored llama.cpp: not built here, or not source at all
+PACK_DROP = {"models", "docs", "tests", "benches", "tools", "media", "app", "ci", "skills", "scripts",
+             "conversion", "grammars", "requirements", ".devops", ".github"}
+PACK_DROP_BACKENDS = {"ggml-cann", "ggml-et", "ggml-hexagon", "ggml-hip", "ggml-metal", "ggml-musa", "ggml-opencl",
+                      "ggml-openvino", "ggml-sycl", "ggml-virtgpu", "ggml-vulkan", "ggml-webgpu", "ggml-zdnn",
+                      "ggml-zendnn"}
 
 
 def log(msg: str) -> None:
@@ -72,54 +101,116 @@ def find_nvcc() -> str | None:
         (str(p) for p in (Path("/usr/local/cuda/bin/nvcc"),) if p.is_file()), None)
 
 
-# ------------------------------------------------------------------ 1. the CUDA venv
-def venv_python(venv: Path) -> Path:
-    return venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+# ------------------------------------------------------------------ 0. sources and the pack
+def sdist_root(llama_src: Path) -> Path:
+    """The llama-cpp-python source whose vendored llama.cpp is ``llama_src``."""
+    return llama_src.parent.parent
 
 
-def venv_has_cuda(py: Path) -> bool:
-    if not py.is_file():
-        return False
-    r = subprocess.run([str(py), "-c", "import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_gpu_offload() "
-                        "else 1)"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
-    return r.returncode == 0
+def make_pack(llama_src: Path, out: Path) -> Path:
+    """Write the pack (see the module docstring) to ``out``, whole or not at all."""
+    import diskcache
+
+    python = sdist_root(llama_src) / "llama_cpp"
+    if not (python / "llama_cpp.py").is_file():
+        raise SystemExit(f"error: no llama-cpp-python Python layer beside {llama_src} (at {python})")
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        if len(parts) > 2 and parts[1] == "llama.cpp" and (
+                parts[2] in PACK_DROP or (parts[2:4] and parts[2] == "ggml" and len(parts) > 4
+                                          and parts[3] == "src" and parts[4] in PACK_DROP_BACKENDS)):
+            return None
+        return None if "__pycache__" in parts else info
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(out.name + ".part")
+    with tarfile.open(part, "w:xz") as tf:
+        tf.add(llama_src, "pack/llama.cpp", filter=keep)
+        tf.add(python, "pack/python/llama_cpp", filter=keep)
+        tf.add(Path(diskcache.__file__).parent, "pack/python/diskcache", filter=keep)
+    part.replace(out)
+    return out
 
 
-def build_venv(venv: Path, version: str, source: str | None, jobs: int) -> Path:
-    py = venv_python(venv)
-    if venv_has_cuda(py):
-        log(f"CUDA llama-cpp-python: reusing {venv}")
-        return py
-    if not py.is_file():
-        log(f"creating {venv}")
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    spec = source or f"llama-cpp-python=={version}"
-    env = {**os.environ, "CMAKE_ARGS": "-DGGML_CUDA=on", "FORCE_CMAKE": "1", "CMAKE_BUILD_PARALLEL_LEVEL": str(jobs),
-           "PYTHONPATH": ""}
-    if not find_nvcc():
+def unpack(pack: Path, into: Path) -> tuple[Path, Path]:
+    """(the llama.cpp tree, the folder of llama-cpp-python's Python layer) of a pack, unpacked
+    into ``into`` once."""
+    root = into / "pack"
+    if not (root / "llama.cpp" / "CMakeLists.txt").is_file():
+        into.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(pack) as tf:
+            tf.extractall(into, filter="data") if hasattr(tarfile, "data_filter") else tf.extractall(into)
+    return root / "llama.cpp", root / "python"
+
+
+def sources(args) -> tuple[Path, Path]:
+    """(llama.cpp tree, the folder holding the matching ``llama_cpp`` Python package)."""
+    import bench_speed as bs
+
+    if args.pack:
+        return unpack(args.pack, build_dir(args) / "src")
+    version = bs.llama_cpp_python_version()
+    if args.llama_src:
+        src = args.llama_src.expanduser()
+    else:
+        src = bs.find_source(None, bs.default_build_root() / f"llama-cpp-python-{version}", version)
+    return src, sdist_root(src)
+
+
+def build_dir(args) -> Path:
+    import bench_speed as bs
+
+    if args.build_dir:
+        return args.build_dir.expanduser()
+    return bs.default_build_root() / f"llama-cpp-python-{bs.llama_cpp_python_version()}-{'cuda' if args.cuda else 'cpu'}"
+
+
+# ------------------------------------------------------------------ 1. one build
+def build(src: Path, bdir: Path, jobs: int, cuda: bool) -> Path:
+    """llama.cpp's shared library and llama-speculative-simple, built once; their folder."""
+    bin_dir = bdir / "build" / "bin"
+    if (bin_dir / "libllama.so").is_file() and (bin_dir / "llama-speculative-simple").is_file():
+        log(f"llama.cpp {'CUDA ' if cuda else ''}build: reusing {bin_dir}")
+        return bin_dir
+    if cuda and not find_nvcc():
         raise SystemExit("error: a GPU but no CUDA toolkit (nvcc): install it, or put its bin/ on PATH")
-    env["PATH"] = f"{Path(find_nvcc()).parent}{os.pathsep}{env.get('PATH', '')}"
-    log(f"building llama-cpp-python {version} with CUDA into {venv} (many minutes)")
-    cmd = [str(py), "-m", "pip", "install", "--no-deps", "--force-reinstall", "--no-binary", "llama-cpp-python",
-           "--no-cache-dir", spec]
-    r = subprocess.run(cmd, env=env)
-    if r.returncode != 0 or not venv_has_cuda(py):
-        raise SystemExit(f"error: building llama-cpp-python with CUDA failed ({' '.join(cmd)})")
-    return py
+    env = dict(os.environ)
+    if cuda:
+        env["PATH"] = f"{Path(find_nvcc()).parent}{os.pathsep}{env.get('PATH', '')}"
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    flags = (*BUILD_FLAGS, *(CUDA_FLAGS if cuda else ()))
+    steps = [("configure", ["cmake", "-S", str(src), "-B", str(bdir / "build"), *gen, *flags]),
+             ("build", ["cmake", "--build", str(bdir / "build"), "--config", "Release", "-j", str(jobs),
+                        "--target", *TARGETS])]
+    bdir.mkdir(parents=True, exist_ok=True)
+    log(f"building llama.cpp ({', '.join(TARGETS)}) from {src} into {bdir / 'build'}: {' '.join(flags)}")
+    t0 = time.perf_counter()
+    for name, cmd in steps:
+        logf = bdir / f"build-{name}.log"
+        with open(logf, "w") as f:
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        if r.returncode != 0:
+            tail = "\n".join(logf.read_text(errors="replace").splitlines()[-30:])
+            raise SystemExit(f"error: llama.cpp {name} failed (exit {r.returncode}); see {logf}:\n{tail}")
+        log(f"  {name}: done after {time.perf_counter() - t0:.0f} s")
+    return bin_dir
 
 
-# ------------------------------------------------------------------ 2. our modes (in the venv)
-def run_ours(max_tokens: int, gamma: int, prompt_text: str) -> dict:
+# ------------------------------------------------------------------ 2. our modes (in the child)
+def run_ours(draft: str, target: str, max_tokens: int, gamma: int, prompt_text: str) -> dict:
+    import llama_cpp
+
     from easd_local.engine import decoding
     from easd_local.engine.config import DecodeConfig
     from easd_local.engine.pair import load_pair
     from easd_local.llamacpp.runtime import LoadOptions
-    from easd_local.store.resolve import resolve_pair
 
-    files = resolve_pair("default", None, None)
-    out = {"draft": str(files.draft), "target": str(files.target)}
-    with load_pair(files.draft, files.target, LoadOptions(n_ctx=4096, n_gpu_layers=-1)) as pair:
+    out = {"draft": draft, "target": target, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+           "library": os.environ.get("LLAMA_CPP_LIB_PATH")}
+    with load_pair(Path(draft), Path(target), LoadOptions(n_ctx=4096, n_gpu_layers=-1)) as pair:
         out["placement"] = {"target": pair.target.placement, "draft": pair.draft.placement}
+        out["n_vocab"] = pair.n_vocab
         prompt = pair.target.vocab.tokenize(prompt_text)
         for i, mode in enumerate(("target", *MODES)):  # the first: a warm-up
             pair.target.reset()
@@ -140,21 +231,35 @@ def run_ours(max_tokens: int, gamma: int, prompt_text: str) -> dict:
     return out
 
 
+def child_env(bin_dir: Path, python: Path, llama_src: Path) -> dict:
+    """The child's environment: llama-cpp-python's Python layer (and gguf-py, diskcache where the
+    machine lacks them) over the library just built."""
+    paths = [str(REPO), str(python), str(llama_src / "gguf-py")]
+    return {**os.environ, "LLAMA_CPP_LIB_PATH": str(bin_dir), "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def the_pair(kind: str, tmp: Path) -> tuple[str, str]:
+    if kind == "wide":
+        import make_tiny_pair
+
+        paths = make_tiny_pair.write_wide_models(tmp, seed=0)
+        return str(paths["draft"]), str(paths["target"])
+    from easd_local.store.resolve import resolve_pair
+
+    files = resolve_pair("default", None, None)
+    if files.draft is None or files.target is None or not Path(files.target).is_file():
+        raise SystemExit("error: the default pair is not pulled (run `easd-local pull`, or use --pair wide)")
+    return str(files.draft), str(files.target)
+
+
 # ------------------------------------------------------------------ 3. llama-speculative-simple
-def run_native(args, draft: str, target: str, prompt_text: str) -> dict:
+def run_native(bin_dir: Path, draft: str, target: str, args) -> dict:
     import bench_speed as bs
 
-    version = bs.llama_cpp_python_version()
-    build_dir = (args.build_dir or bs.default_build_root() / f"llama-cpp-python-{version}-cuda").expanduser()
-    tools = ("llama-speculative-simple",)
-    if not bs.have_tools(build_dir, tools):
-        src = bs.find_source(args.llama_src, bs.default_build_root() / f"llama-cpp-python-{version}", version)
-        bs.CMAKE_FLAGS = (*bs.CMAKE_FLAGS, "-DGGML_CUDA=ON")
-        bs.build_tools(src, build_dir, args.jobs, tools)
-    exe = bs.tool_paths(build_dir, tools)["llama-speculative-simple"]
+    exe = bin_dir / "llama-speculative-simple"
     with tempfile.TemporaryDirectory() as tmp:
         pf = Path(tmp) / "prompt.txt"
-        pf.write_text(prompt_text)
+        pf.write_text(args.prompt)
         ns = argparse.Namespace(target=target, draft=draft, max_tokens=args.max_tokens, threads=os.cpu_count() or 4,
                                 ctx=4096, flash_attn=False, gamma=args.gamma)
         cmd = bs.native_sd_cmd({"llama-speculative-simple": exe}, ns, pf) + ["-ngl", "99", "-ngld", "99"]
@@ -164,49 +269,60 @@ def run_native(args, draft: str, target: str, prompt_text: str) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--venv", type=Path, help="the CUDA virtual environment (default $EASD_LOCAL_HOME/gpu-venv)")
-    ap.add_argument("--llama-cpp-python", dest="source", help="pip spec or sdist path of llama-cpp-python "
-                    "(default: the installed version from the package index)")
-    ap.add_argument("--llama-src", type=Path, help="llama.cpp source tree for llama-speculative-simple")
-    ap.add_argument("--build-dir", type=Path, help="build folder for llama-speculative-simple")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--pair", choices=("default", "wide"), default="default",
+                    help="the default pair (pulled), or the wide pair written on the spot")
+    ap.add_argument("--pack", type=Path, help="sources from a --make-pack file")
+    ap.add_argument("--make-pack", type=Path, metavar="OUT", help="write the pack to OUT and stop")
+    ap.add_argument("--llama-src", type=Path, help="llama.cpp source tree (default: the llama-cpp-python sdist's)")
+    ap.add_argument("--build-dir", type=Path, help="build folder (kept for later runs)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--no-native", action="store_true", help="skip llama-speculative-simple")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # step 2, inside the venv
+    ap.add_argument("--cpu-build", dest="cuda", action="store_false",
+                    help="build without CUDA and run without a GPU: checks this script's build and runs here")
+    ap.add_argument("--child", nargs=2, metavar=("DRAFT", "TARGET"), help=argparse.SUPPRESS)  # step 2
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(run_ours(a.max_tokens, a.gamma, a.prompt)))
+        print(json.dumps(run_ours(*a.child, a.max_tokens, a.gamma, a.prompt)))
+        return 0
+    if a.make_pack:
+        src, _ = sources(argparse.Namespace(**{**vars(a), "pack": None}))
+        out = make_pack(src, a.make_pack)
+        print(f"{out} ({out.stat().st_size / 1e6:.1f} MB)")
         return 0
 
-    gpus = find_gpu()
+    gpus = find_gpu() if a.cuda else "no GPU (--cpu-build)"
     if gpus is None:
         print("no GPU: this machine has no NVIDIA GPU that nvidia-smi can see; nothing was built or run "
               "(run scripts/gpu_check.py on a machine with a CUDA GPU)")
         return NO_GPU
     log(gpus)
-    from easd_local import paths
-    import bench_speed as bs
-
-    version = bs.llama_cpp_python_version()
-    py = build_venv((a.venv or paths.home() / "gpu-venv").expanduser(), version, a.source, a.jobs)
-    cmd = [str(py), str(Path(__file__).resolve()), "--child", "--max-tokens", str(a.max_tokens), "--gamma",
-           str(a.gamma), "--prompt", a.prompt]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    if r.returncode != 0:
-        raise SystemExit(f"error: the run in the CUDA venv failed:\n{r.stderr[-3000:]}")
-    ours = json.loads(r.stdout.strip().splitlines()[-1])
-    native = None if a.no_native else run_native(a, ours["draft"], ours["target"], a.prompt)
-    result = {"gpus": gpus, "max_tokens": a.max_tokens, "gamma": a.gamma, "ours": ours,
+    src, python = sources(a)
+    bin_dir = build(src, build_dir(a), a.jobs, a.cuda)
+    with tempfile.TemporaryDirectory(prefix="easd-gpu-check-") as tmp:
+        draft, target = the_pair(a.pair, Path(tmp))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", draft, target, "--max-tokens",
+               str(a.max_tokens), "--gamma", str(a.gamma), "--prompt", a.prompt]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=child_env(bin_dir, python, src))
+        if r.returncode != 0:
+            raise SystemExit(f"error: our run over the built library failed:\n{r.stderr[-3000:]}")
+        ours = json.loads(r.stdout.strip().splitlines()[-1])
+        if a.cuda and not ours["gpu_offload"]:
+            raise SystemExit(f"error: the library in {bin_dir} has no GPU offload")
+        native = None if a.no_native else run_native(bin_dir, draft, target, a)
+    result = {"gpus": gpus, "pair": a.pair, "max_tokens": a.max_tokens, "gamma": a.gamma, "ours": ours,
               "llama-speculative-simple": native}
     if a.json:
         print(json.dumps(result))
         return 0
-    print(f"{gpus}\ndefault pair, every layer on the GPU ({ours['placement']}), greedy, {a.max_tokens} tokens, "
-          f"gamma {a.gamma}")
+    where = "every layer on the GPU" if a.cuda else "CPU build, no GPU"
+    print(f"{gpus}\n{a.pair} pair ({ours['n_vocab']:,} tokens), {where} ({ours['placement']}), greedy, "
+          f"{a.max_tokens} tokens, gamma {a.gamma}")
     print(f"{'':26} {'tok/s':>8} {'controller':>11} {'us/token':>9}")
     for m in MODES:
         o = ours[m]

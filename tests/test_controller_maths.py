@@ -287,6 +287,37 @@ def test_gpu_check_says_no_gpu_without_one(tmp_path):
     assert out.stdout.startswith("no GPU:")
 
 
+def test_gpu_check_pack_holds_what_the_build_needs_and_no_more(tmp_path):
+    """``gpu_check.py --make-pack``'s filter on a stand-in sdist: llama.cpp's sources, the CUDA and
+    CPU backends, gguf-py and the Python layer in; models, docs, tests, tools and the other GPU
+    backends out (the pack must fit a lent machine's small working tree)."""
+    import importlib.util
+    import tarfile
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    root = tmp_path / "llama_cpp_python-9.9.9"
+    src = root / "vendor" / "llama.cpp"
+    files = ["CMakeLists.txt", "src/llama.cpp", "common/common.cpp", "examples/speculative-simple/x.cpp",
+             "ggml/src/ggml-cuda/a.cu", "ggml/src/ggml-cpu/b.c", "ggml/src/ggml.c", "gguf-py/gguf/__init__.py",
+             "vendor/nlohmann/json.hpp", "models/big.gguf", "docs/a.md", "tests/t.cpp", "tools/server/s.cpp",
+             "ggml/src/ggml-vulkan/v.cpp", "ggml/src/ggml-metal/m.m"]
+    for f in files:
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        (src / f).write_text("x")
+    (root / "llama_cpp").mkdir()
+    (root / "llama_cpp" / "llama_cpp.py").write_text("x")
+    out = gc.make_pack(src, tmp_path / "out" / "pack.tar.xz")
+    with tarfile.open(out) as tf:
+        names = {n for n in tf.getnames() if tf.getmember(n).isfile()}
+    inside = {n.removeprefix("pack/llama.cpp/") for n in names if n.startswith("pack/llama.cpp/")}
+    assert inside == set(files[:9])
+    assert "pack/python/llama_cpp/llama_cpp.py" in names
+    assert any(n.startswith("pack/python/diskcache/") for n in names)
+    assert not (tmp_path / "out" / "pack.tar.xz.part").exists()
+
+
 def test_controller_split_parts_add_up_to_the_generations_own_figure(tmp_path, tiny_draft, tiny_target):
     """``scripts/controller_split.py`` on the tiny pair (real llama.cpp): every part printed,
     and per round the parts add up to about the generation's own seconds_controller (the

@@ -70,9 +70,16 @@ _GGML_SIGS = {  # name: (restype, argtypes); in libggml (registry) or libggml-ba
 }
 
 
+def ggml_lib_dir() -> Path:
+    """Where llama-cpp-python loaded libllama from, and ggml beside it: its own ``lib`` folder,
+    or a build of the user's own (``LLAMA_CPP_LIB_PATH``, which it reads at import)."""
+    base = getattr(getattr(_ll, "llama_cpp", None), "_base_path", None)
+    return Path(base) if base is not None else Path(_ll.__file__).parent / "lib"
+
+
 def ggml_lib_paths() -> dict[str, Path]:
     """llama-cpp-python's shared ggml libraries: {"ggml": registry, "ggml-base": core}."""
-    libdir = Path(_ll.__file__).parent / "lib"
+    libdir = ggml_lib_dir()
     out = {}
     for stem in ("ggml", "ggml-base"):
         found = [libdir / n for n in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll") if (libdir / n).exists()]
@@ -91,7 +98,7 @@ class _Devices:
     """ggml's device registry and the RPC servers this process uses (one per process)."""
 
     def __init__(self) -> None:
-        libdir = Path(_ll.__file__).parent / "lib"
+        libdir = ggml_lib_dir()
         # already loaded by libllama: CDLL returns the same handles
         libs = [ctypes.CDLL(str(p)) for p in ggml_lib_paths().values()]
         self.fn = {}
