@@ -163,7 +163,10 @@ def build_dir(args) -> Path:
 
     if args.build_dir:
         return args.build_dir.expanduser()
-    return bs.default_build_root() / f"llama-cpp-python-{bs.llama_cpp_python_version()}-{'cuda' if args.cuda else 'cpu'}"
+    kind = "cuda" if args.cuda else "cpu"
+    if args.pack:  # llama-cpp-python need not be installed where the pack goes
+        return bs.default_build_root() / f"gpu-check-pack-{kind}"
+    return bs.default_build_root() / f"llama-cpp-python-{bs.llama_cpp_python_version()}-{kind}"
 
 
 # ------------------------------------------------------------------ 1. one build
@@ -206,7 +209,7 @@ def run_ours(draft: str, target: str, max_tokens: int, gamma: int, prompt_text: 
     from easd_local.engine.pair import load_pair
     from easd_local.llamacpp.runtime import LoadOptions
 
-    out = {"draft": draft, "target": target, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+    out = {"draft_file": draft, "target_file": target, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
            "library": os.environ.get("LLAMA_CPP_LIB_PATH")}
     with load_pair(Path(draft), Path(target), LoadOptions(n_ctx=4096, n_gpu_layers=-1)) as pair:
         out["placement"] = {"target": pair.target.placement, "draft": pair.draft.placement}
@@ -303,6 +306,10 @@ def main() -> int:
         return NO_GPU
     log(gpus)
     src, python = sources(a)
+    try:
+        import gguf  # noqa: F401  (the wide pair is written with it)
+    except ImportError:
+        sys.path.insert(0, str(src / "gguf-py"))
     bin_dir = build(src, build_dir(a), a.jobs, a.cuda)
     with tempfile.TemporaryDirectory(prefix="easd-gpu-check-") as tmp:
         draft, target = the_pair(a.pair, Path(tmp))
