@@ -52,7 +52,8 @@ Design
 Everything is a pure function of ``seed``; the same seed gives byte-identical
 files.  Writing all four files takes well under a second.
 
-CLI: ``python scripts/make_tiny_pair.py OUT_DIR [--seed S]``
+CLI: ``python scripts/make_tiny_pair.py OUT_DIR [--seed S] [--realistic | --wide]`` (the other
+sets: ``write_realistic_models``, ``write_wide_models`` below)
 """
 from __future__ import annotations
 
@@ -371,7 +372,8 @@ def _fill_token(j: int) -> str:
 
 
 def wide_ids(n_vocab: int = WIDE_VOCAB_SIZE) -> np.ndarray:
-    """The wide pair's id of each tiny token (index: the tiny id)."""
+    """The wide pair's id of each tiny token (index: the tiny id): evenly spread, off the blocks'
+    first entries (which the blockwise paths could treat apart)."""
     return np.arange(VOCAB_SIZE) * (n_vocab // VOCAB_SIZE) + 7
 
 
