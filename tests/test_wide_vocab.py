@@ -48,11 +48,13 @@ def _as_tiny(wide: dict, tiny_spec) -> dict:
     return {**wide, "runs": [{**r, "tokens": [back[t] for t in r["tokens"]]} for r in wide["runs"]]}
 
 
-def _compare(tiny: dict, wide: dict, tiny_draft, tiny_target, tiny_spec) -> None:
+def _compare(tiny: dict, wide: dict, tiny_draft, tiny_target, tiny_spec, greedy_only: bool = False) -> None:
     wide = _as_tiny(wide, tiny_spec)
     assert len(tiny["runs"]) == len(wide["runs"])
     parted = []
     for a, b in zip(tiny["runs"], wide["runs"]):
+        if greedy_only and "sampled" in a["label"]:
+            continue
         if a["tokens"] != b["tokens"]:
             parted.append(f"{a['label']} {a['mode']} on {a['text']!r}")
             continue
@@ -93,7 +95,11 @@ def test_every_pinned_run_emits_the_same_at_the_default_pairs_width(tiny_draft, 
 
     monkeypatch.setattr(pinned, "_batched_runs", stops_as_wide_ids)
     wide = collect(wide_models["draft"], wide_models["target"])
-    _compare(tiny, wide, tiny_draft, tiny_target, tiny_spec)
+    # where this CPU's llama.cpp computes the two output matrices with different kernels, a
+    # sampled run may part at a draw that lands within a rounding of a boundary, which no
+    # near-tie of the logits names: the greedy runs are compared there
+    same_logits = _head_difference({"target": tiny_target, "draft": tiny_draft}, wide_models, tiny_spec) == 0
+    _compare(tiny, wide, tiny_draft, tiny_target, tiny_spec, greedy_only=not same_logits)
 
 
 # (mode, drafters, temperature, seed): sd with prompt lookup samples against point masses
@@ -122,6 +128,16 @@ def _head_difference(tiny_models: dict, wide_models: dict, tiny_spec) -> float:
     """The largest difference between the tiny models' logits and the wide ones' at the tiny
     tokens, over a prompt's rows: 0 where llama.cpp computes both output matrices with the same
     kernel (on this CPU it may take another for 151,936 rows than for 306)."""
+    key = tuple(str(m[k]) for m in (tiny_models, wide_models) for k in ("target", "draft"))
+    if key not in _HEAD_DIFFERENCE:
+        _HEAD_DIFFERENCE[key] = _measure_head_difference(tiny_models, wide_models, tiny_spec)
+    return _HEAD_DIFFERENCE[key]
+
+
+_HEAD_DIFFERENCE: dict[tuple, float] = {}
+
+
+def _measure_head_difference(tiny_models: dict, wide_models: dict, tiny_spec) -> float:
     ids = tiny_spec.wide_ids()
     worst = 0.0
     for key in ("target", "draft"):
