@@ -9,7 +9,9 @@ emits (through ``make_tiny_pair.wide_ids``), with the same origins, counters and
 every pinned run (``test_pinned_outputs.collect``: every mode, greedy and sampled with top-k and
 top-p, one sequence and four sharing batches) and plain sampling, which the tiny pair's rows take densely and the wide pair's sparsely. A text may
 part only at a near-tie of llama.cpp's kernels (the wide output matrix can take another
-kernel than the tiny one), which ``test_scheduler.why_parted`` must name.
+kernel than the tiny one), which ``test_scheduler.why_parted`` must name; on a CPU where the two
+pairs' logits differ at all, sampled runs are not compared (a draw that lands within a rounding
+of a boundary parts at no near-tie of the logits), and the test says so.
 """
 
 from __future__ import annotations
