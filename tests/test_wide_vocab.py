@@ -11,7 +11,7 @@ top-p, one sequence and four sharing batches) and plain sampling, which the tiny
 part only at a near-tie of llama.cpp's kernels (the wide output matrix can take another
 kernel than the tiny one), which ``test_scheduler.why_parted`` must name; on a CPU where the two
 pairs' logits differ at all, sampled runs are not compared (a draw that lands within a rounding
-of a boundary parts at no near-tie of the logits), and the test says so.
+of a boundary parts at no near-tie of the logits; the plain-sampling test skips, saying why).
 """
 
 from __future__ import annotations
