@@ -1,17 +1,18 @@
 """The decoding rules at the default pair's vocabulary width, end to end in real llama.cpp.
 
 A row of 151,936 logits takes paths a 306-token row never does: sampling over the tokens near
-the best only (``dist.tempered``), the gate's entropy from its bounds (``gate.entropy_against``),
-top-N sets by blocks, draws by blocks, lookups through a dense row, views over 600 KB rows. The
-wide pair (``make_tiny_pair.write_wide_models``) is the tiny pair spread over 151,936 ids, the
-others filler tokens whose logits lie far below the head, so it must emit what the tiny pair
-emits (through ``make_tiny_pair.wide_ids``), with the same origins, counters and gate figures:
-every pinned run (``test_pinned_outputs.collect``: every mode, greedy and sampled with top-k and
-top-p, one sequence and four sharing batches) and plain sampling, which the tiny pair's rows take densely and the wide pair's sparsely. A text may
-part only at a near-tie of llama.cpp's kernels (the wide output matrix can take another
-kernel than the tiny one), which ``test_scheduler.why_parted`` must name; on a CPU where the two
-pairs' logits differ at all, sampled runs are not compared (a draw that lands within a rounding
-of a boundary parts at no near-tie of the logits; the plain-sampling test skips, saying why).
+the best only (``dist.tempered``), the gate's entropy from its bounds
+(``gate.entropy_against``), top-N sets by blocks, draws by blocks, lookups through a dense row,
+views over 600 KB rows. The wide pair (``make_tiny_pair.write_wide_models``) is the tiny pair
+spread over 151,936 ids, the others filler tokens whose logits lie far below the head, so it
+must emit what the tiny pair emits (through ``make_tiny_pair.wide_ids``), with the same origins,
+counters and gate figures: every pinned run (``test_pinned_outputs.collect``: every mode, greedy
+and sampled with top-k and top-p, one sequence and four sharing batches) and plain sampling,
+which the tiny pair's rows take densely and the wide pair's sparsely. A text may part only at a
+near-tie of llama.cpp's kernels (the wide output matrix can take another kernel than the tiny
+one), which ``test_scheduler.why_parted`` must name; on a CPU where the two pairs' logits differ
+at all, sampled runs are not compared (a draw that lands within a rounding of a boundary parts
+at no near-tie of the logits; the plain-sampling test skips, saying why).
 """
 
 from __future__ import annotations
