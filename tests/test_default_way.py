@@ -75,6 +75,9 @@ def test_pair_costs_measures_every_way_and_records_it(tiny_draft, tiny_target, t
     entry = json.loads(r.stdout)
     assert set(entry["ratios"]) == set(WAY_TABLE) and entry["ratios"]["target"] == 1.0
     assert all(v > 0 for v in entry["tokens_per_s"].values())
+    # each way on each of the four prompts, over the target alone on the same prompt
+    assert set(entry["prompt_ratios"]) == set(WAY_TABLE) and entry["prompt_ratios"]["target"] == [1.0] * 4
+    assert all(len(v) == 4 and all(x > 0 for x in v) for v in entry["prompt_ratios"].values())
     # timed up to a lookup's longest proposal, not extrapolated (``probe.PROBE_GAMMA``)
     assert entry["texts_differing"]["target"] == 0 and len(entry["verify_costs"]) == PROBE_GAMMA + 1
     recorded = json.loads((tmp_path / store.COSTS_NAME).read_text())

@@ -84,11 +84,14 @@ def _print(entry: dict, have_draft: bool) -> None:
     t.add_column("what")
     t.add_column("tok/s", justify="right")
     t.add_column("× target", justify="right")
+    t.add_column("by prompt", justify="right")
     t.add_column("texts ≠ target", justify="right")
+    by_prompt = entry.get("prompt_ratios") or {}
     for name, r in entry["ratios"].items():
         t.add_row(name, WAY_TABLE[name].words, f"{entry['tokens_per_s'][name]:.2f}", f"{r:.2f}",
-                  str(entry["texts_differing"][name]))
+                  " ".join(f"{x:.2f}" for x in by_prompt.get(name, [])), str(entry["texts_differing"][name]))
     console.print(t)
+    console.print(Text("× target by prompt: the 2 code edits, then the 2 maths questions", style="dim"), soft_wrap=True)
     vc = entry.get("verify_costs")
     if vc:
         shown = ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(vc) if k in (1, 4, 7, 8, 15, len(vc) - 1))

@@ -113,11 +113,20 @@ def ratios(runs: dict[str, WayRun]) -> dict[str, float]:
     return {name: (r.tokens_per_s / base if base > 0 else 0.0) for name, r in runs.items()}
 
 
+def prompt_ratios(runs: dict[str, WayRun]) -> dict[str, list[float]]:
+    """Each way's speed over the target alone's on each prompt (in ``PROMPTS``' order): where a
+    way pays and where it does not (lookup on the code edits, not on the maths), and how far one
+    figure can be trusted on a machine whose speed moves."""
+    base = runs["target"].per_prompt
+    return {name: [x / b if b > 0 else 0.0 for x, b in zip(r.per_prompt, base)] for name, r in runs.items()}
+
+
 def entry(runs: dict[str, WayRun], costs: Costs | None, *, max_tokens: int, n_threads: int, load: tuple,
           system: str, labels: dict) -> dict:
     """What is recorded (``store.costs``)."""
     return {
         "ratios": {k: round(v, 4) for k, v in ratios(runs).items()},
+        "prompt_ratios": {k: [round(x, 4) for x in v] for k, v in prompt_ratios(runs).items()},
         "tokens_per_s": {k: round(r.tokens_per_s, 3) for k, r in runs.items()},
         "texts_differing": {k: r.texts_differing for k, r in runs.items()},
         "verify_costs": [round(x, 4) for x in verify_costs(costs)] if costs else None,
