@@ -155,6 +155,9 @@ def sources(args) -> tuple[Path, Path]:
         src = args.llama_src.expanduser()
     else:
         src = bs.find_source(None, bs.default_build_root() / f"llama-cpp-python-{version}", version)
+    if not (sdist_root(src) / "llama_cpp" / "llama_cpp.py").is_file():
+        log(f"note: {src} is not inside a llama-cpp-python source; the installed llama-cpp-python {version}'s "
+            "Python layer is loaded over the library built from it (they must be the same llama.cpp)")
     return src, sdist_root(src)
 
 
