@@ -118,8 +118,8 @@ def make_pack(llama_src: Path, out: Path) -> Path:
     def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         parts = Path(info.name).parts
         if len(parts) > 2 and parts[1] == "llama.cpp" and (
-                parts[2] in PACK_DROP or (parts[2:4] and parts[2] == "ggml" and len(parts) > 4
-                                          and parts[3] == "src" and parts[4] in PACK_DROP_BACKENDS)):
+                parts[2] in PACK_DROP or parts[2:4] == ("ggml", "src") and len(parts) > 4
+                and parts[4] in PACK_DROP_BACKENDS):
             return None
         return None if "__pycache__" in parts else info
 

@@ -234,6 +234,11 @@ def _make_weights(rng: np.random.Generator, n_vocab: int, n_embd: int, n_ff: int
     return w
 
 
+def _draft_of(target: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The draft: the target truncated to its first DRAFT_LAYERS blocks (the same arrays)."""
+    return {k: v for k, v in target.items() if not k.startswith("blk.") or int(k.split(".")[1]) < DRAFT_LAYERS}
+
+
 def _write(path: Path, name: str, weights: dict[str, np.ndarray], n_layers: int,
            n_embd: int, n_ff: int, merges: list[tuple[str, str]],
            qtype: gguf.GGMLQuantizationType, layout: np.ndarray | None = None, n_vocab: int = VOCAB_SIZE) -> None:
@@ -310,8 +315,7 @@ def write_tiny_models(out_dir: Path, seed: int = 0) -> dict[str, Path]:
 
     bias = _token_bias()
     target = _make_weights(rng_main, VOCAB_SIZE, N_EMBD, N_FF, TARGET_LAYERS, DRAFT_LAYERS, bias)
-    draft = {k: v for k, v in target.items()
-             if not k.startswith("blk.") or int(k.split(".")[1]) < DRAFT_LAYERS}
+    draft = _draft_of(target)
     odd = _make_weights(rng_odd, ODD_VOCAB_SIZE, ODD_N_EMBD, ODD_N_FF, ODD_LAYERS, ODD_LAYERS, bias)
 
     _write(paths["target"], "tiny-target", target, TARGET_LAYERS, N_EMBD, N_FF, MERGES, Q8)
@@ -341,8 +345,7 @@ def write_realistic_models(out_dir: Path, seed: int = 0) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 256]))
     target = _make_weights(rng, VOCAB_SIZE, REAL_N_EMBD, REAL_N_FF, TARGET_LAYERS, DRAFT_LAYERS, _token_bias())
-    draft = {k: v for k, v in target.items()
-             if not k.startswith("blk.") or int(k.split(".")[1]) < DRAFT_LAYERS}
+    draft = _draft_of(target)
     F16 = gguf.GGMLQuantizationType.F16
     paths = {"target_f16": out_dir / "real-target-f16.gguf", "draft_f16": out_dir / "real-draft-f16.gguf"}
     _write(paths["target_f16"], "real-target", target, TARGET_LAYERS, REAL_N_EMBD, REAL_N_FF, MERGES, F16)
@@ -392,8 +395,7 @@ def write_wide_models(out_dir: Path, seed: int = 0, n_vocab: int = WIDE_VOCAB_SI
     out[:, 0] = TAIL_BIAS / (LOGIT_SCALE * BIAS_CHANNEL / FINAL_RESIDUAL_RMS)
     emb[layout], out[layout] = target["token_embd.weight"], target["output.weight"]
     target["token_embd.weight"], target["output.weight"] = emb, out
-    draft = {k: v for k, v in target.items()
-             if not k.startswith("blk.") or int(k.split(".")[1]) < DRAFT_LAYERS}
+    draft = _draft_of(target)
     Q8 = gguf.GGMLQuantizationType.Q8_0
     _write(paths["target"], "wide-target", target, TARGET_LAYERS, N_EMBD, N_FF, MERGES, Q8, layout, n_vocab)
     _write(paths["draft"], "wide-draft", draft, DRAFT_LAYERS, N_EMBD, N_FF, MERGES, Q8, layout, n_vocab)

@@ -88,7 +88,7 @@ def test_the_wide_pair_is_the_tiny_pair_with_a_far_tail(wide_models, tiny_spec):
 
 
 def test_every_pinned_run_emits_the_same_at_the_default_pairs_width(tiny_draft, tiny_target, wide_models, tiny_spec,
-                                                                     monkeypatch):
+                                                                     head_difference, monkeypatch):
     tiny = collect(tiny_draft, tiny_target)
     wide_id, batched = tiny_spec.wide_ids(), pinned._batched_runs
 
@@ -101,8 +101,7 @@ def test_every_pinned_run_emits_the_same_at_the_default_pairs_width(tiny_draft, 
     # where this CPU's llama.cpp computes the two output matrices with different kernels, a
     # sampled run may part at a draw that lands within a rounding of a boundary, which no
     # near-tie of the logits names: the greedy runs are compared there
-    same_logits = _head_difference({"target": tiny_target, "draft": tiny_draft}, wide_models, tiny_spec) == 0
-    _compare(tiny, wide, tiny_draft, tiny_target, tiny_spec, greedy_only=not same_logits)
+    _compare(tiny, wide, tiny_draft, tiny_target, tiny_spec, greedy_only=head_difference != 0)
 
 
 # (mode, drafters, temperature, seed): sd with prompt lookup samples against point masses
@@ -127,20 +126,11 @@ def _plain_runs(draft, target) -> dict:
     return {"runs": out}
 
 
-def _head_difference(tiny_models: dict, wide_models: dict, tiny_spec) -> float:
+@pytest.fixture(scope="module")
+def head_difference(tiny_models, wide_models, tiny_spec) -> float:
     """The largest difference between the tiny models' logits and the wide ones' at the tiny
     tokens, over a prompt's rows: 0 where llama.cpp computes both output matrices with the same
     kernel (on this CPU it may take another for 151,936 rows than for 306)."""
-    key = tuple(str(m[k]) for m in (tiny_models, wide_models) for k in ("target", "draft"))
-    if key not in _HEAD_DIFFERENCE:
-        _HEAD_DIFFERENCE[key] = _measure_head_difference(tiny_models, wide_models, tiny_spec)
-    return _HEAD_DIFFERENCE[key]
-
-
-_HEAD_DIFFERENCE: dict[tuple, float] = {}
-
-
-def _measure_head_difference(tiny_models: dict, wide_models: dict, tiny_spec) -> float:
     ids = tiny_spec.wide_ids()
     worst = 0.0
     for key in ("target", "draft"):
@@ -154,15 +144,15 @@ def _measure_head_difference(tiny_models: dict, wide_models: dict, tiny_spec) ->
 
 
 def test_plain_sampling_sparse_at_the_default_pairs_width_draws_as_dense(tiny_draft, tiny_target, wide_models,
-                                                                          tiny_spec):
+                                                                          tiny_spec, head_difference):
     """Plain sampling (no top-k, no top-p): the tiny pair's rows are sampled densely, the wide
     pair's over the tokens near the best; the same draws, acceptances, residuals and gate.
     Token for token only where llama.cpp gives both pairs the same logits (a draw that lands
     within a rounding of a boundary could otherwise go either way)."""
-    diff = _head_difference({"target": tiny_target, "draft": tiny_draft}, wide_models, tiny_spec)
-    if diff != 0:
+    if head_difference != 0:
         pytest.skip(f"this CPU's llama.cpp computes the wide output matrix with another kernel than the tiny one "
-                    f"(logits differ by up to {diff:.1e}); the pinned runs above compare them up to near-ties")
+                    f"(logits differ by up to {head_difference:.1e}); the pinned runs above compare them up to "
+                    "near-ties")
     tiny = _plain_runs(tiny_draft, tiny_target)
     wide = _as_tiny(_plain_runs(wide_models["draft"], wide_models["target"]), tiny_spec)
     assert len(tiny["runs"]) == len(wide["runs"]) == 2 * len(PLAIN)
