@@ -125,11 +125,14 @@ def make_pack(llama_src: Path, out: Path) -> Path:
 
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_name(out.name + ".part")
-    with tarfile.open(part, "w:xz") as tf:
-        tf.add(llama_src, "pack/llama.cpp", filter=keep)
-        tf.add(python, "pack/python/llama_cpp", filter=keep)
-        tf.add(Path(diskcache.__file__).parent, "pack/python/diskcache", filter=keep)
-    part.replace(out)
+    try:
+        with tarfile.open(part, "w:xz") as tf:
+            tf.add(llama_src, "pack/llama.cpp", filter=keep)
+            tf.add(python, "pack/python/llama_cpp", filter=keep)
+            tf.add(Path(diskcache.__file__).parent, "pack/python/diskcache", filter=keep)
+        part.replace(out)
+    finally:
+        part.unlink(missing_ok=True)
     return out
 
 
@@ -139,8 +142,13 @@ def unpack(pack: Path, into: Path) -> tuple[Path, Path]:
     root = into / "pack"
     if not (root / "llama.cpp" / "CMakeLists.txt").is_file():
         into.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(pack) as tf:
-            tf.extractall(into, filter="data") if hasattr(tarfile, "data_filter") else tf.extractall(into)
+        try:
+            with tarfile.open(pack) as tf:
+                tf.extractall(into, filter="data") if hasattr(tarfile, "data_filter") else tf.extractall(into)
+        except tarfile.TarError:
+            raise SystemExit(f"error: --pack {pack}: not a pack made by --make-pack (not a tar archive)") from None
+        if not (root / "llama.cpp" / "CMakeLists.txt").is_file():
+            raise SystemExit(f"error: --pack {pack}: not a pack made by --make-pack (no pack/llama.cpp in it)")
     return root / "llama.cpp", root / "python"
 
 
@@ -296,9 +304,15 @@ def main() -> int:
     if a.child:
         print(json.dumps(run_ours(*a.child, a.max_tokens, a.gamma, a.prompt)))
         return 0
+    if a.pack and not a.pack.is_file():
+        ap.error(f"--pack {a.pack}: no such file")
     if a.make_pack:
         src, _ = sources(argparse.Namespace(**{**vars(a), "pack": None}))
-        out = make_pack(src, a.make_pack)
+        try:
+            out = make_pack(src, a.make_pack)
+        except OSError as e:
+            print(f"error: cannot write {a.make_pack}: {e.strerror or e}", file=sys.stderr)
+            return 1
         print(f"{out} ({out.stat().st_size / 1e6:.1f} MB)")
         return 0
 

@@ -318,6 +318,17 @@ def test_gpu_check_pack_holds_what_the_build_needs_and_no_more(tmp_path):
     assert not (tmp_path / "out" / "pack.tar.xz.part").exists()
 
 
+def test_gpu_check_refuses_a_missing_or_broken_pack_in_one_line(tmp_path):
+    script = [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--cpu-build", "--build-dir", str(tmp_path / "b")]
+    r = subprocess.run(script + ["--pack", str(tmp_path / "none.tar.xz")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--pack" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "junk.tar.xz").write_text("not a pack")
+    r = subprocess.run(script + ["--pack", str(tmp_path / "junk.tar.xz")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("error:")] == [
+        f"error: --pack {tmp_path / 'junk.tar.xz'}: not a pack made by --make-pack (not a tar archive)"]
+
+
 def test_controller_split_parts_add_up_to_the_generations_own_figure(tmp_path, tiny_draft, tiny_target):
     """``scripts/controller_split.py`` on the tiny pair (real llama.cpp): every part printed,
     and per round the parts add up to about the generation's own seconds_controller (the
