@@ -87,7 +87,8 @@ def test_pair_costs_measures_every_way_and_records_it(tiny_draft, tiny_target, t
     way, why = choose(entry["ratios"], True)
     obj = json.loads(r.stdout)
     assert (obj["mode"], obj["spec_type"] if way.mode == "sd" else "draft") == (way.mode, way.spec_type)
-    assert obj["auto_mode_reason"] == why
+    # the reason says when the speeds were measured: an old measurement is one to renew
+    assert entry["date"] and obj["auto_mode_reason"] == f"{why}, measured {entry['date']}"
 
 
 def test_chat_loads_the_draft_model_when_a_mode_first_needs_it(tiny_draft, tiny_target, tmp_path):

@@ -1,6 +1,7 @@
 """Issue 39, item 4: defaults that follow the evidence. A pair's profile carries verdicts
-(EASD against a lossless mode: paired wins/losses, p); one that shows EASD significantly
-worse makes a lossless mode the pair's default, and every entry point says so."""
+(EASD against a lossless mode: paired wins/losses, p). The default is a lossless way whatever
+they say (EASD is never the default); one that shows an EASD mode significantly worse is said
+beside "not lossless" wherever that mode is picked."""
 
 from __future__ import annotations
 
@@ -116,3 +117,24 @@ def test_record_verdict_replaces_the_same_comparison(easd_home):
     path = record_verdict(d, t, _verdict())
     data = json.loads(path.read_text())
     assert len(data["verdicts"]) == 1 and data["verdicts"][0]["p"] == 0.0003
+
+
+def test_picking_an_easd_mode_says_what_this_pairs_comparison_found(easd_home, tiny_draft, tiny_target):
+    """Wherever an EASD mode is picked by name, "not lossless" comes with the pair's own
+    recorded loss for that mode, if a comparison found it significantly worse (generate's
+    note, chat's banner and /mode); not for another mode, not for a loss within noise."""
+    pair = ["-md", tiny_draft, "-m", tiny_target, "--threads", "1", "-n", "4"]
+    lost = _verdict().summary()
+    record_verdict(file_id(tiny_draft), file_id(tiny_target), _verdict())
+    r = _run(["generate", "Hi", *pair, "--mode", "easd-tf"], easd_home, COLUMNS="400")
+    assert r.returncode == 0 and "not lossless" in r.stderr and lost in r.stderr, r.stderr
+    r = _run(["generate", "Hi", *pair, "--mode", "easd"], easd_home, COLUMNS="400")
+    assert r.returncode == 0 and "not lossless" in r.stderr and "points" not in r.stderr, r.stderr
+    chat = subprocess.run(EASD + ["chat", *map(str, pair), "--mode", "easd-tf"], input="/mode sd\n/mode easd-tf\n",
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "EASD_LOCAL_HOME": str(easd_home), "COLUMNS": "400"})
+    said = chat.stdout + chat.stderr
+    assert chat.returncode == 0 and said.count(lost) == 2, said  # the banner, then /mode easd-tf
+    record_verdict(file_id(tiny_draft), file_id(tiny_target), _verdict(wins=40, losses=43, p=0.83, problems=300))
+    r = _run(["generate", "Hi", *pair, "--mode", "easd-tf"], easd_home, COLUMNS="400")
+    assert r.returncode == 0 and "not lossless" in r.stderr and "points" not in r.stderr, r.stderr

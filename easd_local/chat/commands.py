@@ -24,6 +24,7 @@ class Session(Protocol):
     cfg: DecodeConfig
     system: str | None
     about: Callable[[], str] | None  # the front end's details (mode and why, sampling, placement)
+    easd_loss: Callable[[str], str | None] | None  # a recorded loss of an EASD mode on this pair
 
     def set_mode(self, mode: str) -> None: ...
 
@@ -60,9 +61,10 @@ class Command:
         return f"/{self.name} {self.args}".rstrip()
 
 
-def _not_lossless_note(mode: str) -> str:
+def _not_lossless_note(mode: str, s: Session | None = None) -> str:
     why = not_lossless(mode)
-    return f" ({why}; /mode sd gives the target's own output)" if why else ""
+    lost = s.easd_loss(mode) if why and s is not None and getattr(s, "easd_loss", None) else None
+    return f" ({why}; {lost + '; ' if lost else ''}/mode sd gives the target's own output)" if why else ""
 
 
 def _shown(v) -> str:
@@ -75,7 +77,7 @@ def _mode(s: Session, arg: str) -> CommandResult:
         return CommandResult(False, f"usage: /mode {'|'.join(MODES)} (now {s.cfg.mode})", kind="mode")
     mode = arg.lower()
     s.set_mode(mode)
-    note = _not_lossless_note(mode) or " (lossless: the target's own output)"
+    note = _not_lossless_note(mode, s) or " (lossless: the target's own output)"
     return CommandResult(True, f"mode {mode}{note}", kind="mode", data={"mode": mode})
 
 
@@ -87,7 +89,7 @@ def _set(s: Session, arg: str) -> CommandResult:
     changed = s.apply_setting(*parts)
     shown = ", ".join(f"{k.replace('_', '-')} = {_shown(v)}" for k, v in changed.items()) or "unchanged"
     if "mode" in changed:
-        shown += _not_lossless_note(s.cfg.mode)
+        shown += _not_lossless_note(s.cfg.mode, s)
     return CommandResult(True, shown, kind="set", data=changed)
 
 

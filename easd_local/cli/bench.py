@@ -204,7 +204,8 @@ def _record_verdicts(summaries, rows) -> None:
             path = record_verdict(pv.draft, pv.target, pv.verdict)
         except OSError as exc:
             raise ConfigError(f"cannot record the verdict: {exc.strerror or exc}") from None
-        worse = " (significantly worse: a lossless mode is this pair's default now)" if pv.verdict.significant_loss else ""
+        worse = (" (significantly worse: said wherever this mode is picked for this pair)"
+                 if pv.verdict.significant_loss else "")
         console.print(Text(f"verdict for {pv.pair}: {pv.verdict.summary()}, {pv.verdict.wins} wins / "
                            f"{pv.verdict.losses} losses{worse} -> {path}"), soft_wrap=True)
 
@@ -439,7 +440,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         same_env: Annotated[bool, typer.Option("--same-env", help="Paired wins/losses only on problems whose two rows come from one environment (same llama.cpp build, threads, batch sizes, machine...).")] = False,
         methods: Annotated[Optional[str], typer.Option("--methods", metavar="M1,M2,...", help="Only these methods (the rows' method names, comma-separated; default: all).")] = None,
         common: Annotated[bool, typer.Option("--common", help="Only the problems every shown method answered, so that each accuracy is taken on the same problems.")] = False,
-        record_verdict: Annotated[bool, typer.Option("--record-verdict", help="Keep what each EASD mode scored against each lossless one (paired wins/losses, p) in the pair's profile: a pair where EASD is significantly worse then gets a lossless mode by default.")] = False,
+        record_verdict: Annotated[bool, typer.Option("--record-verdict", help="Keep what each EASD mode scored against each lossless one (paired wins/losses, p) in the pair's profile: where an EASD mode is significantly worse, picking it then says so (the default is lossless in any case).")] = False,
     ) -> None:
         """Summarise results files (several as one): accuracy (95% CI), paired wins/losses vs sd and target (McNemar), speed, acceptance, EASD fires, time shares. Says first when the rows come from more than one environment."""
         if plot is not None:

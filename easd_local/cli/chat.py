@@ -196,14 +196,17 @@ def _load_draft(models, spec, load):
     return models.draft
 
 
-def banner(label: str, mode: str, why: str, n_ctx: int, asked_ctx: int | None = None) -> list[tuple[str, str]]:
+def banner(label: str, mode: str, why: str, n_ctx: int, asked_ctx: int | None = None,
+           evidence: str | None = None) -> list[tuple[str, str]]:
     """The two lines chat starts with, and their styles: what runs, and where the rest is
-    (``asked_ctx``: --ctx, when llama.cpp may have rounded it)."""
+    (``asked_ctx``: --ctx, when llama.cpp may have rounded it; ``evidence``: what a recorded
+    comparison on this pair found against the EASD mode that runs, ``options.easd_loss``)."""
     head = (f"easd-local chat · {label} · mode {mode}{' (auto)' if why else ''} · "
             f"context {n_ctx} tokens{o.ctx_note(asked_ctx, n_ctx)}", "dim")
     keys = "/about, /help, Ctrl-D to leave"
     if not_lossless(mode):
-        return [head, (f"note: not lossless; /mode sd gives the target's own output · {keys}", "yellow")]
+        found = f" ({evidence})" if evidence else ""
+        return [head, (f"note: not lossless{found}; /mode sd gives the target's own output · {keys}", "yellow")]
     return [head, ("/about for the mode, sampling and layers · /help for commands · Ctrl-D to leave", "dim")]
 
 
@@ -267,8 +270,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                                                                session.cfg, where, kw["ctx"]))
 
             session.about = about
+            session.easd_loss = lambda mode: o.easd_loss(spec, mode)
             try:
-                for line, style in banner(spec.label, o.mode_label(cfg), why, session.n_ctx, asked_ctx=kw["ctx"]):
+                for line, style in banner(spec.label, o.mode_label(cfg), why, session.n_ctx, asked_ctx=kw["ctx"],
+                                          evidence=o.easd_loss(spec, cfg.mode)):
                     _note(line, style)
                 if kw["verbose"]:
                     _note(about())

@@ -280,6 +280,25 @@ def worth_saying(why: str) -> bool:
     return MEASURE_HINT not in why or first_time(why)
 
 
+def easd_loss(spec: PairFiles, mode: str) -> str | None:
+    """For an EASD mode, what a recorded comparison on this pair found where the mode was
+    significantly worse than a lossless one ("EASD (easd-tf) lost 4.9 points against target on
+    GSM8K for this pair (...)"; the default pair ships its study's, ``bench report
+    --record-verdict`` adds a user's), else None: said beside "not lossless" wherever such a
+    mode is picked (generate's note, chat's banner, serve's load line)."""
+    from ..engine.modes import mode_info
+    from ..engine.verdict import losing
+    from ..store.profiles import find_verdicts
+
+    if mode not in MODES or not mode_info(mode).gated:
+        return None
+    try:
+        worse = losing(v for v in find_verdicts(spec.draft, spec.target, spec.entry) if v.method == mode)
+    except OSError:  # a profile or model file that cannot be read: "not lossless" alone
+        return None
+    return worse.summary() if worse else None
+
+
 def measured(spec: PairFiles, kw: dict) -> dict | None:
     """What ``easd-local pair costs`` recorded for this pair with these load options on this
     machine (speed ratios of the lossless ways, verify costs), or None."""
@@ -319,7 +338,8 @@ def pair_and_config(kw: dict, flags: dict, base: DecodeConfig) -> tuple[PairFile
     if mode is None:
         m = measured(spec, kw)
         on_gpu = gpu_offload_supported() and kw["n_gpu_layers"] != 0
-        choice = auto_mode(on_gpu, spec.draft is not None, m["ratios"] if m else None)
+        choice = auto_mode(on_gpu, spec.draft is not None, m["ratios"] if m else None,
+                           m.get("date") if m else None)
         mode, why = choice.mode, choice.why
         if flags.get("spec_type") is None:
             chosen["spec_type"] = choice.spec_type

@@ -147,7 +147,9 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
                       f"{(f'on (+ {cache_ram} MiB host memory)' if cache_ram else 'on') if cache_prompt else 'off'} · "
                       f"thresholds: {source}")
     if cfg.gate_enabled:
-        err_console.print("note: EASD is not lossless: its gate lets the target re-pick tokens SD would keep")
+        lost = o.easd_loss(spec, cfg.mode)
+        err_console.print("note: EASD is not lossless: its gate lets the target re-pick tokens SD would keep"
+                          + (f"; {lost}" if lost else ""), soft_wrap=True)
     if not is_loopback(host) and api_key is None:
         err_console.print(f"[bold yellow]warning:[/] listening on {host} without --api-key: anyone who can reach "
                           "this address can use the models", markup=True)

@@ -74,8 +74,13 @@ class Choice:
     why: str
 
 
-def auto_mode(on_gpu: bool, have_draft: bool, ratios: Mapping[str, float] | None = None) -> Choice:
+def auto_mode(on_gpu: bool, have_draft: bool, ratios: Mapping[str, float] | None = None,
+              measured_at: str | None = None) -> Choice:
     """``choose`` as a Choice (EASD is never the default: it is not lossless; ``--mode easd``
-    or ``easd-tf`` asks for it by name)."""
+    or ``easd-tf`` asks for it by name). ``measured_at``: when the ratios were measured, said
+    in the reason: a machine's speeds drift (a VM's with its host), and an old measurement is
+    what `easd-local pair costs` renews."""
     way, why = choose(ratios, have_draft, on_gpu)
+    if ratios and measured_at:
+        why = f"{why}, measured {measured_at}"
     return Choice(way.mode, way.spec_type, why)
