@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import __version__, host, paths
 from .llamacpp import devices, repack, rpc
@@ -78,6 +79,8 @@ def diagnose(*, self_test: bool = True) -> Report:
         state = states.get(m.name, "missing")
         do = "easd-local pull" + ("" if pair.name == cat.default_pair_name else f" {m.name}")
         r.problems.append(f"{m.name} is {'corrupt' if state == 'corrupt' else 'not downloaded'}: run `{do}`")
+    if not missing:
+        f["default mode"] = default_way(local_path(pair.draft), local_path(pair.target))
     tests = []
     for role, m in (("target", pair.target), ("draft", pair.draft)):
         if m in missing:
@@ -97,6 +100,21 @@ def diagnose(*, self_test: bool = True) -> Report:
     f["self-test"] = tests
     f["verdicts file"] = str(repack.verdicts_path())
     return r
+
+
+def default_way(draft: Path, target: Path) -> str:
+    """What ``chat``, ``generate`` and ``serve`` run on this pair with no --mode and the default
+    threads and offload, and why: the fastest lossless way `easd-local pair costs` recorded on
+    this machine, with when (``ways.auto_mode``), or that nothing was measured."""
+    from .engine.ways import auto_mode
+    from .store import costs
+
+    try:
+        m = costs.find(costs.costs_key(draft, target, None, -1, None))
+    except OSError as e:
+        return f"unknown ({e.strerror or e})"
+    c = auto_mode(devices.gpu_offload_supported(), True, m["ratios"] if m else None, m.get("date") if m else None)
+    return f"{c.way}: {c.why}"
 
 
 def _load_state() -> str:

@@ -123,3 +123,24 @@ def test_verify_curve_times_every_length_on_a_real_model(tiny_target, tmp_path):
                                  "--json", str(tmp_path / "afile" / "c.json")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and r.stderr.startswith("error:") and "Traceback" not in r.stderr, r.stderr
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_doctor_says_the_default_way_and_when_it_was_measured(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    """`easd-local doctor`'s "default mode": what a plain `chat` would run on the pair (default
+    threads and offload) and why, from the same record, with its date; or how to measure."""
+    from easd_local.doctor import default_way
+    from easd_local.llamacpp.devices import gpu_offload_supported
+
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path))
+    if not gpu_offload_supported():
+        assert default_way(tiny_draft, tiny_target).startswith("target: no speeds measured")
+    assert "easd-local pair costs" in default_way(tiny_draft, tiny_target)
+    store.record(store.costs_key(tiny_draft, tiny_target, None, -1, None),
+                 {"ratios": {"target": 1.0, "sd:ngram-simple": 1.5, "sd": 0.6}, "date": "2026-12-07 01:00"})
+    assert default_way(tiny_draft, tiny_target) == (
+        "sd:ngram-simple: sd with prompt lookup: 1.50× the target alone on this machine (sd 0.60×), "
+        "measured 2026-12-07 01:00")
+    # another thread count is another machine state: not this record
+    store.record(store.costs_key(tiny_draft, tiny_target, 1, -1, None) if (os.cpu_count() or 1) > 1 else "other",
+                 {"ratios": {"target": 1.0, "sd": 1.9}, "date": "2026-12-07 02:00"})
+    assert "sd with prompt lookup" in default_way(tiny_draft, tiny_target)

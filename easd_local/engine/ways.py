@@ -72,6 +72,7 @@ class Choice:
     mode: str
     spec_type: str
     why: str
+    way: str = ""  # its name in ``WAYS`` (as bench's --modes names it)
 
 
 def auto_mode(on_gpu: bool, have_draft: bool, ratios: Mapping[str, float] | None = None,
@@ -83,4 +84,4 @@ def auto_mode(on_gpu: bool, have_draft: bool, ratios: Mapping[str, float] | None
     way, why = choose(ratios, have_draft, on_gpu)
     if ratios and measured_at:
         why = f"{why}, measured {measured_at}"
-    return Choice(way.mode, way.spec_type, why)
+    return Choice(way.mode, way.spec_type, why, way.name)
