@@ -183,9 +183,7 @@ class ChatSession:
         self.transcript = transcript
         self.label = label
         self.about: Callable[[], str] | None = None  # set by the front end for /about
-        # set by the front end: what a recorded comparison on this pair found against an EASD
-        # mode (``cli.options.easd_loss``), said when /mode picks one
-        self.easd_loss: Callable[[str], str | None] | None = None
+        self.easd_loss: Callable[[str], str | None] | None = None  # and for /mode (``options.easd_loss``)
         self.messages: list[Message] = []
         self.totals = SessionTotals()
         self._pending: dict | None = None  # the reply being generated
