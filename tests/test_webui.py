@@ -456,3 +456,24 @@ def test_the_page_asks_for_the_api_key(tiny_draft, tiny_target, browser, tmp_pat
     finally:
         out = srv.stop()
     assert "Traceback" not in out, out
+
+
+def test_a_recorded_easd_loss_is_said_where_the_mode_is_picked(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    """A pair whose recorded comparison found easd-tf significantly worse: serve's load line says
+    it, and /props gives it in easd-tf's note (the page's mode note), not in easd's."""
+    from easd_local.engine.verdict import Verdict
+    from easd_local.store.profiles import file_id, record_verdict
+
+    v = Verdict(dataset="gsm8k", problems=1319, method="easd-tf", against="target", accuracy=0.588,
+                against_accuracy=0.637, wins=124, losses=189, p=0.0003, temperature=0.0)
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))  # the server's home (``start_tiny``)
+    record_verdict(file_id(tiny_draft), file_id(tiny_target), v)
+    srv = start_tiny(tiny_draft, tiny_target, tmp_path, "--mode", "easd-tf", "--threads", "1")
+    try:
+        status, _, props = http("GET", srv.base + "/props")
+        notes = {m["name"]: m["note"] for m in props["modes"]}
+        assert status == 200 and v.summary() in notes["easd-tf"] and "not lossless" in notes["easd-tf"]
+        assert "points" not in notes["easd"] and "points" not in notes["sd"]
+    finally:
+        out = stop_clean(srv)
+    assert v.summary() in " ".join(out.split()), out  # the load line (wrapped or not)

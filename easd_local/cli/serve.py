@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..store import provenance
-from ..engine.config import DecodeConfig
+from ..engine.config import MODES, DecodeConfig
 from ..engine.prompt_store import DEFAULT_CACHE_RAM_MIB
 from ..errors import ConfigError, EasdError
 from ..engine.pair import open_models
@@ -135,8 +135,9 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
     engine = Engine(load, parallel, queue, load_draft=o.draft_loader(spec, dopts),
                     on_load_failed=on_load_failed, on_loaded=on_loaded, cache_prompt=cache_prompt,
                     slot_similarity=slot_similarity, cache_ram=cache_ram << 20)
+    losses = {m: lost for m in MODES if (lost := o.easd_loss(spec, m))}
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
-                                         api_key=api_key, max_body=max_body, webui=webui))
+                                         api_key=api_key, max_body=max_body, webui=webui, easd_losses=losses))
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
     server = uvicorn.Server(config)
     server_box.append(server)
@@ -147,7 +148,7 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
                       f"{(f'on (+ {cache_ram} MiB host memory)' if cache_ram else 'on') if cache_prompt else 'off'} · "
                       f"thresholds: {source}")
     if cfg.gate_enabled:
-        lost = o.easd_loss(spec, cfg.mode)
+        lost = losses.get(cfg.mode)
         err_console.print("note: EASD is not lossless: its gate lets the target re-pick tokens SD would keep"
                           + (f"; {lost}" if lost else ""), soft_wrap=True)
     if not is_loopback(host) and api_key is None:

@@ -16,8 +16,8 @@ import hmac
 import json
 import secrets
 import time
-from dataclasses import dataclass
-from typing import AsyncIterator
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Mapping
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
@@ -51,6 +51,9 @@ class ServeConfig:
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
     webui: bool = True  # the chat page at GET / (--no-webui: off)
+    # EASD mode -> what a recorded comparison on this pair found where it was significantly
+    # worse (``cli.options.easd_loss``): /props says it beside "not lossless", the page with it
+    easd_losses: Mapping[str, str] = field(default_factory=dict)
 
 
 class ClientGone(Exception):
@@ -272,7 +275,7 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
         except ApiError as e:
             return error_response(e)
         return JSONResponse(webui.props(conf.model_name, conf.base, conf.thresholds_source, engine.pair, conf.webui,
-                                        draft_loadable=engine.draft_loadable))
+                                        draft_loadable=engine.draft_loadable, losses=conf.easd_losses))
 
     async def metrics(request: HttpRequest) -> Response:
         try:

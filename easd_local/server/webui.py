@@ -13,6 +13,7 @@ token origins (engine/rules.py's list).
 from __future__ import annotations
 
 from importlib import resources
+from typing import Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
@@ -76,16 +77,19 @@ def page_routes() -> list[Route]:
 
 
 def props(model_name: str, base: DecodeConfig, thresholds_source: str, pair: Pair, webui: bool,
-          draft_loadable: bool = False) -> dict:
-    """The server's settings as the page (or any client) needs them, in requests' terms."""
+          draft_loadable: bool = False, losses: Mapping[str, str] | None = None) -> dict:
+    """The server's settings as the page (or any client) needs them, in requests' terms
+    (``losses``: an EASD mode's recorded loss on this pair, said in its note)."""
     modes = []
     for name in MODES:
         m = MODE_TABLE[name]
         no_draft = pair.draft is None and not draft_loadable  # else loaded by the first request that needs it
         if (needs_draft_model(name, base.spec_type) and no_draft) or (m.needs_target and pair.target is None):
             continue  # this server did not load the model the mode needs
+        lost = (losses or {}).get(name)
+        note = not_lossless(name)
         modes.append({"name": name, "lossless": m.lossless, "gated": m.gated, "speculative": m.speculative,
-                      "note": not_lossless(name) or "lossless: the output is the target's own"})
+                      "note": (f"{note}; {lost}" if lost else note) if note else "lossless: the output is the target's own"})
     defaults = {
         "mode": base.mode, "max_tokens": base.max_tokens, "temperature": base.temperature, "top_k": base.top_k,
         "top_p": base.top_p, "gamma": base.gamma, "tau_draft": json_number(base.tau_draft),
