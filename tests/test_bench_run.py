@@ -167,7 +167,7 @@ def test_results_file_is_strict_json_with_gate_off(tmp_path, tiny_draft, tiny_ta
         (["--easd-config", "nocolon"], "expected NAME:key=value"),
         (["--modes", "target,fast"], "unknown mode 'fast'"),
         (["--modes", "easd", "--easd-config", "easd:penalty=0.5"], "two methods are named 'easd'"),
-        (["--gamma", "0"], "draft-max (gamma) must be >= 1"),
+        (["--gamma", "0"], "gamma must be >= 1"),
     ],
 )
 def test_bad_method_settings_exit_2_before_loading(tmp_path, args, message):

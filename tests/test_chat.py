@@ -93,7 +93,7 @@ def test_chat_two_turns_and_commands(tiny_draft, tiny_target, home, tmp_path):
     assert _n_status(out) == 2  # one status line per reply
     assert "mode sd" in out
     assert "gamma = 2" in out
-    assert "draft-max (gamma) must be >= 1" in out
+    assert "gamma must be >= 1" in out
     assert "unknown setting 'nope'" in out
     assert "usage: /set KEY VALUE" in out
     assert "unknown command /frobnicate" in out
@@ -171,7 +171,7 @@ def test_chat_help_mentions_defaults():
 def test_chat_bad_flag_fails_before_loading(home):
     r = CliRunner().invoke(app, ["chat", "--draft", "nope.gguf", "--target", "nope.gguf", "--gamma", "0"])
     assert r.exit_code == 2
-    assert "draft-max (gamma) must be >= 1" in r.output
+    assert "gamma must be >= 1" in r.output
 
 
 # --------------------------------------------------------------------------- context

@@ -32,7 +32,7 @@ def gen(args, tiny_draft, tiny_target):
 @pytest.mark.parametrize(
     "flag,value,message",
     [
-        ("--gamma", "0", "draft-max (gamma) must be >= 1"),
+        ("--gamma", "0", "gamma must be >= 1"),
         ("--top-n", "0", "top-n must be >= 1"),
         ("--top-n", "100000", "top-n must be at most the vocabulary size 306"),
         ("--overlap", "1.5", "overlap must be in [0, 1]"),

@@ -104,7 +104,7 @@ class DecodeConfig:
         if self.seed < RANDOM_SEED:
             raise ConfigError(f"seed must be >= 0, or -1 for a random seed, got {self.seed}")
         if self.gamma < 1:
-            raise ConfigError(f"draft-max (gamma) must be >= 1, got {self.gamma}")
+            raise ConfigError(f"gamma must be >= 1, got {self.gamma}")
         if not (0.0 <= self.draft_p_min <= 1.0):
             raise ConfigError(f"draft-p-min must be in [0, 1], got {self.draft_p_min}")
         spec_kinds(self.spec_type)  # known drafter names (easd and easd-tf always use the draft model)
