@@ -291,7 +291,7 @@ def test_doctor(realistic_models, tmp_path, probing):
     keys = [ln.split(":", 1)[0] for ln in r.stdout.splitlines() if not ln.startswith(" ")]
     assert keys == ["easd-local", "llama-cpp-python", "ggml", "python", "cpu", "load", "llama.cpp system info", "backends",
                     "gpu offload", "devices", "rpc backend", "home", "free space", "models", "default pair",
-                    "self-test", "verdicts file", "ready"]
+                    "default mode", "self-test", "verdicts file", "ready"]
     assert "tiny-target" in r.stdout and "self-test took" in r.stdout and ", run now" in r.stdout
     again = json.loads(_cli(["doctor", "--json"], probing, **env).stdout)
     assert again["ready"] is True and all("remembered" in t for t in again["self-test"])
