@@ -113,7 +113,7 @@ def default_way(draft: Path, target: Path) -> str:
         m = costs.find(costs.costs_key(draft, target, None, -1, None))
     except OSError as e:
         return f"unknown ({e.strerror or e})"
-    c = auto_mode(devices.gpu_offload_supported(), True, m["ratios"] if m else None, m.get("date") if m else None)
+    c = auto_mode(devices.gpu_offload_supported(), True, m)
     return f"{c.way}: {c.why}"
 
 

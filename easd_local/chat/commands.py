@@ -61,10 +61,10 @@ class Command:
         return f"/{self.name} {self.args}".rstrip()
 
 
-def _not_lossless_note(mode: str, s: Session | None = None) -> str:
-    why = not_lossless(mode)
-    lost = s.easd_loss(mode) if why and s is not None and getattr(s, "easd_loss", None) else None
-    return f" ({why}; {lost + '; ' if lost else ''}/mode sd gives the target's own output)" if why else ""
+def _not_lossless_note(mode: str, s: Session) -> str:
+    loss = getattr(s, "easd_loss", None)
+    why = not_lossless(mode, loss(mode) if loss else None)
+    return f" ({why}; /mode sd gives the target's own output)" if why else ""
 
 
 def _shown(v) -> str:

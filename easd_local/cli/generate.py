@@ -86,10 +86,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 tokens = main.vocab.tokenize(prompt, add_special=True, parse_special=False)
             if show_origin and not json_out:
                 err_console.print(LEGEND)
-            reason = not_lossless(cfg.mode)
-            lost = o.easd_loss(spec, cfg.mode) if reason else None
-            if lost:
-                reason = f"{reason}; {lost}"
+            reason = not_lossless(cfg.mode, o.easd_loss(spec, cfg.mode))
             if reason and not json_out:
                 err_console.print(Text(f"note: {reason}; --mode sd gives the target's own output", style="yellow"),
                                   soft_wrap=not err_console.is_terminal)

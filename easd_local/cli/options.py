@@ -336,10 +336,8 @@ def pair_and_config(kw: dict, flags: dict, base: DecodeConfig) -> tuple[PairFile
     why = ""
     chosen = {}
     if mode is None:
-        m = measured(spec, kw)
         on_gpu = gpu_offload_supported() and kw["n_gpu_layers"] != 0
-        choice = auto_mode(on_gpu, spec.draft is not None, m["ratios"] if m else None,
-                           m.get("date") if m else None)
+        choice = auto_mode(on_gpu, spec.draft is not None, measured(spec, kw))
         mode, why = choice.mode, choice.why
         if flags.get("spec_type") is None:
             chosen["spec_type"] = choice.spec_type

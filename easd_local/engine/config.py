@@ -19,11 +19,13 @@ LOSSLESS_MODES = tuple(m for m in MODES if MODE_TABLE[m].lossless)
 LOSSLESS_HELP = "sd and target give the target's own output; easd and easd-tf are not lossless."
 
 
-def not_lossless(mode: str) -> str | None:
-    """Why ``mode``'s output is not the target's, or None when it is."""
+def not_lossless(mode: str, lost: str | None = None) -> str | None:
+    """Why ``mode``'s output is not the target's, or None when it is; ``lost``: what a recorded
+    comparison on the pair found against this EASD mode (``cli.options.easd_loss``), said with it."""
     info = MODE_TABLE.get(mode)
     if info is not None and info.gated:
-        return f"{mode} is not lossless: the EASD gate replaces some of the target's tokens"
+        return f"{mode} is not lossless: the EASD gate replaces some of the target's tokens" + (
+            f"; {lost}" if lost else "")
     if info is not None and not info.needs_target:
         return "draft mode is the draft model alone, not the target"
     return None

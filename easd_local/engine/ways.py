@@ -7,7 +7,7 @@ measurements come in, a choice and its reason go out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from .modes import DRAFTER_TABLE, needs_draft_model, spec_kinds
 
@@ -75,13 +75,13 @@ class Choice:
     way: str = ""  # its name in ``WAYS`` (as bench's --modes names it)
 
 
-def auto_mode(on_gpu: bool, have_draft: bool, ratios: Mapping[str, float] | None = None,
-              measured_at: str | None = None) -> Choice:
+def auto_mode(on_gpu: bool, have_draft: bool, measured: Mapping[str, Any] | None = None) -> Choice:
     """``choose`` as a Choice (EASD is never the default: it is not lossless; ``--mode easd``
-    or ``easd-tf`` asks for it by name). ``measured_at``: when the ratios were measured, said
-    in the reason: a machine's speeds drift (a VM's with its host), and an old measurement is
-    what `easd-local pair costs` renews."""
+    or ``easd-tf`` asks for it by name). ``measured``: what `easd-local pair costs` recorded
+    for the pair here (``store.costs.find``), or None; its date is said in the reason: a
+    machine's speeds drift (a VM's with its host), and an old measurement is one to renew."""
+    ratios = measured.get("ratios") if measured else None
     way, why = choose(ratios, have_draft, on_gpu)
-    if ratios and measured_at:
-        why = f"{why}, measured {measured_at}"
+    if ratios and measured.get("date"):
+        why = f"{why}, measured {measured['date']}"
     return Choice(way.mode, way.spec_type, why, way.name)

@@ -86,10 +86,9 @@ def props(model_name: str, base: DecodeConfig, thresholds_source: str, pair: Pai
         no_draft = pair.draft is None and not draft_loadable  # else loaded by the first request that needs it
         if (needs_draft_model(name, base.spec_type) and no_draft) or (m.needs_target and pair.target is None):
             continue  # this server did not load the model the mode needs
-        lost = (losses or {}).get(name)
-        note = not_lossless(name)
+        note = not_lossless(name, (losses or {}).get(name)) or "lossless: the output is the target's own"
         modes.append({"name": name, "lossless": m.lossless, "gated": m.gated, "speculative": m.speculative,
-                      "note": (f"{note}; {lost}" if lost else note) if note else "lossless: the output is the target's own"})
+                      "note": note})
     defaults = {
         "mode": base.mode, "max_tokens": base.max_tokens, "temperature": base.temperature, "top_k": base.top_k,
         "top_p": base.top_p, "gamma": base.gamma, "tau_draft": json_number(base.tau_draft),
