@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .fsutil import describe_write_error
+from .fsutil import describe_write_error, plain_mode, refuse_non_file
 
 INSTALL = "pip install 'easd-local[plot]' (or matplotlib)"
 
@@ -40,8 +40,11 @@ def save(fig, path: str | Path) -> Path:
     fmt = out.suffix[1:].lower() or "png"
     tmp = None
     try:
+        refuse_non_file(out)  # the rename would replace a device or a pipe
         out.parent.mkdir(parents=True, exist_ok=True)
+        mode = plain_mode(out)
         fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format=fmt)
         os.replace(tmp, out)

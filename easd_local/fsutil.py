@@ -12,11 +12,17 @@ from typing import Any, Iterable
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write to a temporary file beside ``path``, fsync, then rename over it."""
+    """Write to a temporary file beside ``path``, fsync, then rename over it. OSError, with
+    nothing written, when ``path`` is there and is not a regular file. The file keeps its
+    permissions, or a new one gets a plain write's (the temporary file's 0600 would hide a
+    report or a results file from whoever could read it before)."""
     path = Path(path)
+    refuse_non_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = plain_mode(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -29,6 +35,38 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             pass
         raise
     return path
+
+
+def plain_mode(path: Path) -> int:
+    """The permissions a rewrite of ``path`` should have: its own, or a plain new file's."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux says it; os.umask can only read it by setting it, for every thread at once
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
+def refuse_non_file(path: str | Path) -> None:
+    """OSError when ``path`` exists and is not a regular file (a folder, a device, a pipe).
+    The rename of an atomic write would otherwise replace it: run as root, ``/dev/null``
+    or ``/dev/full`` became a plain file."""
+    path = Path(path)
+    if path.is_dir():
+        raise OSError(errno.EISDIR, "is a folder, not a file", str(path))
+    if path.exists() and not path.is_file():
+        raise OSError(errno.EINVAL, "is not a regular file (a device or a pipe?)", str(path))
 
 
 def read_json_dict(path: str | Path) -> dict:

@@ -357,12 +357,58 @@ def test_results_file_corrupt_middle_line(tmp_path):
         bench_runner.ResultsFile(out, resume=True)
 
 
+def test_results_file_must_be_a_regular_file():
+    # /dev/full reads without end (the run was killed for memory), /dev/null keeps no row
+    for device in ("/dev/full", "/dev/null"):
+        with pytest.raises(ConfigError, match="is not a regular file"):
+            bench_runner.ResultsFile(device, resume=False)
+
+
 def test_results_file_one_writer(tmp_path):
     out = tmp_path / "sub" / "r.jsonl"  # parent folders are created
     with bench_runner.ResultsFile(out, resume=True):
         with pytest.raises(ConfigError, match="being written by another run"):
             bench_runner.ResultsFile(out, resume=True).open()
     bench_runner.ResultsFile(out, resume=True).open().close()  # released
+
+
+def _file_size_limit(limit: int):
+    """A child's preexec: writes past ``limit`` bytes fail as on a full disk (the kernel
+    writes what fits, then refuses with EFBIG; SIGXFSZ ignored so that the process lives)."""
+    import resource
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_results_file_full_mid_row(tmp_path, tiny_target):
+    """The disk fills up while a row is written: one error line and exit 2, no traceback; the
+    file keeps only whole rows, and --resume completes it."""
+    out = tmp_path / "r.jsonl"
+    args = ["bench", "--dataset", "gsm8k", "--limit", "2", "--modes", "target", "--target", str(tiny_target),
+            *FAST, "--parallel", "1", "--out", str(out)]
+    cmd = [sys.executable, "-c", "from easd_local.cli import main; main()", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), timeout=300,
+                          preexec_fn=_file_size_limit(4000))  # a row is about 2.7 kB: the second one is cut
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "cannot write a row to" in proc.stderr and "1 row saved before it" in proc.stderr
+    assert "rerun with --resume" in proc.stderr.splitlines()[-1]
+    assert out.read_bytes().endswith(b"\n") and len(rows_of(out)) == 1  # nothing half-written
+    r = bench(*args[1:], "--resume")
+    assert r.exit_code == 0, r.output
+    assert [row["qid"] for row in rows_of(out)] == ["gsm8k-test-00000", "gsm8k-test-00001"]
+
+
+def test_missing_model_file_is_one_line_before_the_results_file(tmp_path, tiny_draft):
+    out = tmp_path / "r.jsonl"
+    r = bench("--dataset", "gsm8k", "--limit", 1, "--modes", "target,sd", *files(tiny_draft, tmp_path / "gone.gguf"),
+              *FAST, "--out", out)
+    assert r.exit_code == 2, r.output
+    assert "gone.gguf: file not found" in r.stderr and "Traceback" not in r.output
+    assert not out.exists()  # checked before the results file is opened
 
 
 # ---------------------------------------------------------------------- report
@@ -400,7 +446,8 @@ def test_report_plot_without_matplotlib(tmp_path, monkeypatch):
 def test_cli_shape(tmp_path, tiny_target):
     r = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "160"})
     assert r.exit_code == 0
-    for word in ("--dataset", "--modes", "--sweep", "--easd-config", "--resume", "report", "easd[tau_target=1.5]"):
+    for word in ("--dataset", "--modes", "--sweep", "--easd-config", "--resume", "report", "easd[tau_target=1.5]",
+                 "easd and easd-tf are not lossless"):
         assert word in r.stdout
     r = runner.invoke(app, ["bench", "report", "--help"], env={"COLUMNS": "160"})
     assert r.exit_code == 0 and "--markdown" in r.stdout and "--plot" in r.stdout and "--dataset" not in r.stdout
@@ -413,3 +460,13 @@ def test_cli_shape(tmp_path, tiny_target):
               "--out", out)
     assert r.exit_code == 0, r.output
     assert len(rows_of(out)) == 1
+
+
+def test_modes_take_every_way_label_the_tool_prints():
+    """`pair costs`, doctor and the banner name the ways ``sd:ngram-simple+draft``: --modes runs
+    each under that name (the report's method), its drafters as --spec-type."""
+    got = {m.name: m.changes for m in bench_runner.parse_modes("target, SD:ngram-simple,sd:ngram-simple+draft")}
+    assert got == {"target": {"mode": "target"}, "sd:ngram-simple": {"mode": "sd", "spec_type": "ngram-simple"},
+                   "sd:ngram-simple+draft": {"mode": "sd", "spec_type": "ngram-simple,draft"}}
+    with pytest.raises(ConfigError, match="unknown drafter 'nope'"):
+        bench_runner.parse_modes("sd:nope")

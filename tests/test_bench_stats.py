@@ -322,6 +322,8 @@ def test_renderers(results, tmp_path):
     assert "easd[tau_target=1.5]" in out and "75.0% (3)" in out
     assert NOTES[:20] in out
     assert "gsm8k · pair default · gate mechanism" in out
+    # where a user meets EASD's figures, it says that EASD is not lossless (table and Markdown)
+    assert "EASD (easd, easd-tf) is not lossless" in " ".join(out.split()) and "EASD (easd, easd-tf) is not lossless" in md
 
 
 def test_plot_without_matplotlib_says_how_to_install(results, tmp_path, monkeypatch):

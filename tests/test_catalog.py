@@ -252,6 +252,31 @@ def test_cli_models_add_then_list(cli, gguf, monkeypatch):
     assert "mine (user)" in r.stdout and str(gguf.resolve()) in r.stdout
 
 
+def test_cli_models_add_on_a_full_disk_is_one_line(cli, home, gguf):
+    """The user catalog cannot be rewritten (the disk is full): one line, exit 2, and the
+    catalog as it was, with no temporary file beside it."""
+    import os
+    import resource
+    import signal
+    import subprocess
+
+    assert cli("models", "add", "mine", str(gguf)).exit_code == 0  # hashed now: the second add writes no cache
+    before = (home / "user-catalog.json").read_bytes()
+
+    def full_disk():  # a write that would grow the catalog fails (EFBIG), as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(before), len(before)))
+
+    cmd = [sys.executable, "-c", "from easd_local.cli import main; main()", "models", "add", "other", str(gguf)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), timeout=120,
+                          preexec_fn=full_disk)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "cannot update the user catalog" in proc.stderr and "nothing was registered" in proc.stderr
+    assert (home / "user-catalog.json").read_bytes() == before
+    assert [p.name for p in home.iterdir() if "user-catalog" in p.name] == ["user-catalog.json"]
+
+
 def test_cli_models_add_not_gguf_is_one_line(cli, tmp_path):
     p = tmp_path / "x.bin"
     p.write_bytes(b"nope")

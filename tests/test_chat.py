@@ -366,6 +366,23 @@ def test_cli_interrupt_during_reply(tiny_draft, tiny_target, home, monkeypatch):
     assert [row["interrupted"] for row in rows if row["event"] == "assistant"] == [True, False]
 
 
+def test_cli_interrupt_during_a_command_returns_to_the_prompt(tiny_draft, tiny_target, home, monkeypatch):
+    # Ctrl-C while /mode sd loads the draft model (seconds on a real pair) ended the whole chat
+    def interrupted_load(spec, dopts):
+        def load():
+            raise KeyboardInterrupt  # where a Ctrl-C held back during llama.cpp's load lands
+
+        return load
+
+    monkeypatch.setattr("easd_local.cli.options.draft_loader", interrupted_load)
+    r = CliRunner().invoke(app, _args(tiny_draft, tiny_target, "--mode", "target", "--max-tokens", "4"),
+                           input="/mode sd\nhello\n/stats\n")
+    assert r.exit_code == 0, r.output
+    assert "[stopped; the command changed nothing]" in r.stderr
+    assert "target · 4 tokens" in r.stderr  # the chat went on, in the mode it had
+    assert "settings: mode=target" in r.stderr
+
+
 # --------------------------------------------------------------------------- commands, directly
 def test_session_commands(tiny_target, tmp_path):
     pair = open_models(None, tiny_target, LoadOptions(n_ctx=256, n_threads=1))

@@ -77,6 +77,20 @@ def test_a_bad_value_is_the_commands_error_not_an_exception(session, tmp_path):
     assert not {"mode", "set", "system"} & set(_events(tmp_path))  # nothing changed, nothing logged
 
 
+def test_mode_takes_the_way_label_the_banner_shows(session, tmp_path):
+    """`/mode sd:ngram-simple` (the banner's and /about's name for the way) sets the mode and its
+    drafters at once; prompt lookup loads no draft model (this session has none)."""
+    res = session.command("/mode SD:ngram-simple")
+    assert res.ok and res.message.startswith("mode sd:ngram-simple (lossless")
+    assert (session.cfg.mode, session.cfg.spec_type) == ("sd", "ngram-simple")
+    assert "sd:ngram-simple" in session.command("/mode").message  # the usage line names the way in force
+    res = session.command("/mode sd:nope")
+    assert (res.ok, res.kind) == (False, "mode") and "unknown drafter 'nope'" in res.message
+    assert session.cfg.spec_type == "ngram-simple"
+    assert [json.loads(line).get("spec_type") for line in (tmp_path / "t.jsonl").read_text().splitlines()
+            if json.loads(line)["event"] == "mode"] == ["ngram-simple"]
+
+
 def test_every_setting_that_set_lists_is_accepted(session):
     help_line = next(c.help for c in COMMANDS if c.name == "set")
     keys = help_line.split(": ", 1)[1].split(", ")

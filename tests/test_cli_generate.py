@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import stat
 
 import pytest
 from typer.testing import CliRunner
@@ -112,3 +115,61 @@ def test_incompatible_pair(tiny_odd, tiny_target):
     r = runner.invoke(app, ["generate", "hi", "--draft", str(tiny_odd), "--target", str(tiny_target)])
     assert r.exit_code == 2
     assert "vocabularies differ at token id 267" in r.output
+
+
+@pytest.mark.parametrize("where", ["folder", "fifo", "under-a-file"])
+def test_trace_path_that_cannot_be_a_file_is_refused_before_loading(where, tmp_path):
+    # an atomic write renames over its path: a FIFO (or, as root, /dev/full) would have been
+    # replaced by a plain file, a folder or a file on the way failed with a traceback, and
+    # all of it only after the whole completion
+    paths = {"folder": tmp_path, "fifo": tmp_path / "pipe", "under-a-file": tmp_path / "file" / "t.jsonl"}
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "file").write_text("x")
+    missing = tmp_path / "nope.gguf"
+    r = runner.invoke(app, ["generate", "hi", "--trace", str(paths[where]), "--draft", str(missing),
+                            "--target", str(missing)])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and "file not found" not in r.output
+    error = {"folder": f"{tmp_path}: is a folder, not a file", "fifo": "pipe: is not a regular file",
+             "under-a-file": f"{tmp_path / 'file'} is a file, not a folder"}[where]
+    assert r.output.count("error:") == 1 and error in r.output, r.output
+    assert stat.S_ISFIFO(os.stat(tmp_path / "pipe").st_mode)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temporary file left
+
+
+def test_trace_on_a_full_disk_is_one_line(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    def full(path, rows):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("easd_local.cli.generate.write_jsonl_atomic", full)
+    r = gen(["hi", "--max-tokens", "4", "--trace", str(tmp_path / "t.jsonl")], tiny_draft, tiny_target)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert f"error: could not write the trace: no space left on the device holding {tmp_path / 't.jsonl'}" in r.output
+
+
+def test_system_with_raw_is_refused_before_loading(tmp_path):
+    # it was dropped without a word: the completion ran as if no system message was given
+    missing = tmp_path / "nope.gguf"
+    r = runner.invoke(app, ["generate", "hi", "--raw", "--system", "Be terse.", "--draft", str(missing),
+                            "--target", str(missing)])
+    assert r.exit_code == 2, r.output
+    assert "error: --system needs --chat: a --raw prompt has no system message" in r.output
+    assert "file not found" not in r.output
+
+
+def test_mode_takes_the_way_label_the_tool_prints(tiny_draft, tiny_target):
+    """`--mode sd:ngram-simple` is what the banner, doctor and `pair costs` call the way: it
+    runs that way (prompt lookup needs no draft model), in any case."""
+    r = runner.invoke(app, ["generate", "hi", "--mode", "SD:ngram-simple", "--target", str(tiny_target),
+                            "--max-tokens", "4", "--json", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (got["mode"], got["spec_type"]) == ("sd", "ngram-simple")
+    r = gen(["hi", "--mode", "sd:ngram-simple+draft", "--max-tokens", "4", "--json"], tiny_draft, tiny_target)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["spec_type"] == "ngram-simple,draft"
+    r = gen(["hi", "--mode", "sd:ngram-simple", "--spec-type", "draft"], tiny_draft, tiny_target)
+    assert r.exit_code == 2 and "give one" in r.output and "Traceback" not in r.output
+    r = gen(["hi", "--mode", "sd:bogus"], tiny_draft, tiny_target)
+    assert r.exit_code == 2 and "unknown drafter 'bogus'" in r.output

@@ -79,3 +79,22 @@ def test_bad_paths_and_formats_are_one_message(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
     # no suffix: PNG
     assert figures.save(fig, tmp_path / "plain").read_bytes()[:8] == PNG
+
+
+def test_a_figure_never_replaces_a_pipe_and_is_readable_as_a_plain_file_is(tmp_path):
+    """The rename of the atomic write would put a plain file where a pipe or a device was
+    (run as root, /dev/null became one); and the temporary file's 0600 hid the PNG from others."""
+    import os
+    import stat
+
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        plot_png(_trace(), fifo, taus=(1.0, 0.8), title="t")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    umask = os.umask(0o022)
+    try:
+        out = plot_png(_trace(), tmp_path / "h.png", taus=(1.0, 0.8), title="t")
+    finally:
+        os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o644

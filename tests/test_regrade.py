@@ -43,8 +43,10 @@ def test_regrade_rewrites_only_rows_whose_verdict_changes(tmp_path):
     assert "1 of 3 rows changed (1 wrong -> right, 0 right -> wrong); file unchanged (--dry-run)" in r.output
     assert path.read_bytes().split(b"\n") == before
 
+    path.chmod(0o644)
     r = runner.invoke(app, ["bench", "regrade", str(path)])
     assert r.exit_code == 0 and "file rewritten" in r.output, r.output
+    assert path.stat().st_mode & 0o777 == 0o644  # readable by whoever could read it before
     after = path.read_bytes().split(b"\n")
     assert after[1:] == before[1:]  # the other rows, byte for byte
     row = validate_row(json.loads(after[0]))
@@ -76,5 +78,10 @@ def test_regrade_refuses_what_it_cannot_do_safely(tmp_path):
     r = runner.invoke(app, ["bench", "regrade", str(custom)])
     assert r.exit_code == 2 and "give --grader (numeric or math)" in r.output
     assert runner.invoke(app, ["bench", "regrade", str(custom), "--grader", "numeric"]).exit_code == 0
+    # a bad --grader is refused even where every row names its own grader
+    named = tmp_path / "n.jsonl"
+    _write(named, [dict(_row(0, "$\\boxed{1}$", "1", "1", True), grader="math")])
+    r = runner.invoke(app, ["bench", "regrade", str(named), "--grader", "maths"])
+    assert r.exit_code == 2 and "--grader must be one of numeric, math, got 'maths'" in r.output
     r = runner.invoke(app, ["bench", "regrade", str(tmp_path / "missing.jsonl")])
     assert r.exit_code == 2 and "not found" in r.output

@@ -292,3 +292,47 @@ def test_rows_holding_unicode_line_separators_load_whole(tmp_path):
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     loaded = load_results(path)
     assert len(loaded) == 2 and loaded[0]["completion"] == "a\u2028b\u2029c\x85d\x1ce"
+
+
+def test_markdown_on_a_full_disk_leaves_the_previous_report_whole(tmp_path):
+    """--markdown over an earlier report, on a disk that fills up: one error line, exit 2, and
+    the earlier report as it was (not a truncated one); a new report gets the usual permissions."""
+    import json
+    import os
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    rows = [_row(m, i, correct=True, extracted="1", stop="eos") for m in ("target", "easd") for i in range(2)]
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    md = tmp_path / "r.md"
+    md.write_text("the earlier report\n", encoding="utf-8")
+
+    def full_disk():  # writes past 200 bytes fail (EFBIG), as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+
+    cmd = [sys.executable, "-c", "from easd_local.cli import main; main()", "bench", "report", str(results),
+           "--markdown", str(md)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), timeout=120,
+                          preexec_fn=full_disk)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot write {str(md)!r}" in proc.stderr and "Traceback" not in proc.stderr
+    assert md.read_text(encoding="utf-8") == "the earlier report\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "r.md"]  # no temporary file left
+
+    from typer.testing import CliRunner
+
+    from easd_local.cli import app
+
+    fresh = tmp_path / "new.md"
+    umask = os.umask(0o022)
+    try:
+        r = CliRunner().invoke(app, ["bench", "report", str(results), "--markdown", str(fresh)])
+    finally:
+        os.umask(umask)
+    assert r.exit_code == 0, r.output
+    assert fresh.read_text(encoding="utf-8").startswith("### gsm8k · pair mine")
+    assert fresh.stat().st_mode & 0o777 == 0o644

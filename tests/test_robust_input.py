@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -261,3 +262,99 @@ def test_chat_banner_says_the_context_was_rounded_up(tiny_target, tmp_path, monk
     r = runner.invoke(app, [*args, "--ctx", "512"], input="")
     assert r.exit_code == 0, r.output
     assert "context 512 tokens\n" in r.stderr and "rounds" not in r.stderr
+
+
+# ------------------------------------------------------------------ closed and full standard streams
+
+
+def _cli(*args, input=None, stdout=subprocess.PIPE, close_stdin=False, home):
+    """A real easd-local process; ``close_stdin``: fd 0 closed, as by ``<&-`` (sys.stdin is None)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "EASD_LOCAL_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "easd_local", *map(str, args)], input=input, stdout=stdout,
+                          stderr=subprocess.PIPE, env=env, timeout=180,
+                          preexec_fn=(lambda: os.close(0)) if close_stdin else None)
+
+
+def test_closed_stdin_ends_chat_and_is_one_line_for_generate(tiny_draft, tiny_target, tmp_path):
+    base = ["--draft", tiny_draft, "--target", tiny_target, "--threads", "1", "--max-tokens", "4"]
+    p = _cli("chat", *base, close_stdin=True, home=tmp_path / "home")
+    err = p.stderr.decode()
+    assert p.returncode == 0, err  # as at the end of input: the chat ends at once
+    assert "Traceback" not in err and "\ntranscript: " in err
+    p = _cli("generate", "-", *base, close_stdin=True, home=tmp_path / "home")
+    err = p.stderr.decode()
+    assert p.returncode == 2, err
+    _one_clean_line(err)
+    assert "error: PROMPT is '-' but standard input is closed" in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_stdout_on_a_full_disk_is_one_line(tiny_draft, tiny_target, tmp_path):
+    base = ["--draft", tiny_draft, "--target", tiny_target, "--threads", "1", "--max-tokens", "8"]
+    home = tmp_path / "home"
+    with open("/dev/full", "w") as full:  # every write: ENOSPC, as a redirect to a full disk
+        runs = {
+            "generate": _cli("generate", "hi", *base, stdout=full, home=home),
+            "generate --json": _cli("generate", "hi", "--json", *base, stdout=full, home=home),
+            "chat": _cli("chat", *base, input=b"hello\nagain\n", stdout=full, home=home),
+        }
+    for name, p in runs.items():
+        err = p.stderr.decode()
+        assert p.returncode == 2, (name, err)
+        _one_clean_line(err)
+        assert "error: cannot write to standard output: No space left on device" in err, (name, err)
+        assert "Exception ignored" not in err, (name, err)
+    # the chat ended at the first reply it could not show, and kept that reply as interrupted
+    rows = [json.loads(ln) for f in (home / "transcripts").glob("chat-*.jsonl") for ln in f.read_text().splitlines()]
+    assert [r["event"] for r in rows] == ["session_start", "user", "assistant", "session_end"]
+    assert rows[2]["interrupted"] is True
+
+
+def test_save_onto_a_folder_or_a_pipe_is_refused(tiny_target, tmp_path):
+    # /save renames a new file over its path: a FIFO (or, as root, /dev/null) was replaced by
+    # a plain file, and a folder gave a message naming a temporary file
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with open_models(None, tiny_target, LoadOptions(n_ctx=256, n_threads=1)) as pair:
+        s = ChatSession(pair.target, None, CHAT_DEFAULTS.replace(mode="target"), n_vocab=pair.n_vocab)
+        folder = s.command(f"/save {tmp_path}")
+        fifo = s.command(f"/save {pipe}")
+    assert not folder.ok and folder.message == f"could not save: {tmp_path}: is a folder, not a file"
+    assert not fifo.ok and fifo.message == f"could not save: {pipe}: is not a regular file (a device or a pipe?)"
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary file left
+
+
+def test_chat_names_no_transcript_when_none_was_written(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    home = tmp_path / "not-a-folder"
+    home.write_text("x")
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(home))
+    r = _chat(tiny_draft, tiny_target, input="hello\n")
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines()[-1] == f"transcript: none ({home} is a file, not a folder)"
+    w = TranscriptWriter(Path("/dev/full"))  # opened, then the first line fails: nothing kept
+    w.write("user", content="hi")
+    assert w.where().startswith("none (no space left")
+    assert Path("/dev/full").is_char_device()  # an empty transcript is removed, never a device
+    path = tmp_path / "t.jsonl"
+    w = TranscriptWriter(path)
+    w.write("user", content="first")
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    w.write("user", content="second")  # the disk filled up: the line before it stays
+    monkeypatch.setattr(os, "write", real_write)
+    assert w.where() == f"{path} (incomplete: no space left on the device holding {path})"
+
+
+def test_chat_refuses_a_system_prompt_that_is_not_utf8_before_loading(tmp_path, monkeypatch):
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    missing = tmp_path / "nope.gguf"
+    r = _chat(missing, missing, "--system", "caf\udcff", input="hello\n")
+    assert r.exit_code == 2, r.output
+    _one_clean_line(r.output)
+    assert "the system prompt is not valid UTF-8: byte 0xff at character 4" in r.output
+    assert "file not found" not in r.output

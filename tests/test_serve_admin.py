@@ -3,6 +3,7 @@ real llama.cpp, real sockets)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -158,3 +159,52 @@ def test_taken_port_is_one_clear_error(tiny_draft, tiny_target, tmp_path):
 def test_bad_server_flags(flag, value, message, tmp_path):
     r = _serve([flag, value, "--draft", str(tmp_path / "x.gguf"), "--target", str(tmp_path / "y.gguf")], tmp_path)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stopping_the_server_answers_its_requests(tiny_draft, tiny_target, tmp_path):
+    """SIGTERM (Ctrl-C, a service manager) while requests decode and wait: each is answered with
+    a 503 error (a stream: an error event, then [DONE]) rather than a cut connection, a bare
+    "Internal Server Error" or a stream that just stops, and the server exits at once with no
+    traceback."""
+    from serve_helpers import metric_values
+
+    srv = start_tiny(tiny_draft, tiny_target, tmp_path, "--mode", "target", "--ctx", "4096", "--threads", "1",
+                     "--parallel", "2")
+    body = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 4000}
+    results: dict = {}
+
+    def send(name: str, stream: bool) -> None:
+        try:
+            results[name] = http("POST", srv.base + "/v1/chat/completions", {**body, "stream": stream}, timeout=60)
+        except OSError as e:  # the connection cut without an answer
+            results[name] = (None, {}, repr(e))
+
+    threads = [threading.Thread(target=send, args=(name, name == "streamed"))
+               for name in ("streamed", "running", "waiting")]
+    try:
+        for t in threads:
+            t.start()
+            time.sleep(0.2)  # in this order: the third waits for a slot
+        for _ in range(200):
+            m = metric_values(http("GET", srv.base + "/metrics")[2])
+            if m[("easd_requests_processing", frozenset())] == 2 and m[("easd_requests_waiting", frozenset())] == 1:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the requests were not admitted as expected: {m}")
+        t0 = time.monotonic()
+        stop_clean(srv)  # SIGTERM; no traceback
+        assert time.monotonic() - t0 < 5, "the server waited for its requests instead of ending them"
+    finally:
+        srv.stop()
+        for t in threads:
+            t.join(30)
+    status, _, text = results["streamed"]
+    assert status == 200, text
+    events = [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", text[-500:]
+    err = json.loads(events[-2])["error"]
+    assert err["code"] == "shutting_down" and "shutting down" in err["message"], err
+    for name in ("running", "waiting"):
+        status, headers, out = results[name]
+        assert status == 503 and out["error"]["code"] == "shutting_down", (name, status, out)

@@ -56,7 +56,9 @@ def test_parse_chat_request_fields():
                                    {"role": "user", "content": "hi"}, {"role": "assistant", "content": None}],
         "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3,
         "stop": "x", "stream": True, "stream_options": {"include_usage": True}, "n": 1,
-        "mode": "sd", "tau_draft": "inf", "top_k": 4, "user": "ignored"})
+        "mode": "sd", "tau_draft": "inf", "top_k": 4, "user": "ignored",
+        # what clients send by default asks for nothing this server cannot do
+        "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "best_of": 1, "suffix": None})
     assert r.messages == ({"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
                           {"role": "assistant", "content": ""})
     assert r.overrides == {"max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3, "mode": "sd",
@@ -70,11 +72,36 @@ def test_parse_chat_request_fields():
     ({"prompt": "a", "logprobs": 2}, "logprobs"), ({"prompt": "a", "response_format": {"type": "json_object"}},
                                                    "response_format"),
     ({"prompt": "a", "model": 3}, "model"), ({"prompt": "a", "n": "2"}, "n"),
+    # sampling fields with no counterpart here: ignoring them would change the answer silently
+    ({"prompt": "a", "frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"prompt": "a", "presence_penalty": -1}, "presence_penalty"),
+    ({"prompt": "a", "logit_bias": {"5": -100}}, "logit_bias"), ({"prompt": "a", "best_of": 3}, "best_of"),
+    ({"prompt": "a", "suffix": "end"}, "suffix"),
+    ({"prompt": "a", "mode": "sd:nope"}, "mode"), ({"prompt": "a", "mode": "sd:ngram-simple", "spec_type": "draft"}, "mode"),
 ])
 def test_parse_refusals(body, param):
     with pytest.raises(ApiError) as e:
         parse_request("completion", body)
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_a_missing_prompt_is_named_as_missing():
+    """not as a prompt of the wrong type; a chat body sent to /v1/completions is told where it belongs"""
+    for body, hint in (({}, False), ({"messages": [{"role": "user", "content": "x"}]}, True)):
+        with pytest.raises(ApiError) as e:
+            parse_request("completion", body)
+        assert e.value.param == "prompt" and "'prompt' is required" in e.value.message, e.value.message
+        assert ("/v1/chat/completions" in e.value.message) == hint
+
+
+def test_mode_takes_the_way_label_the_server_prints():
+    """The load line and /props name the default way ``sd:ngram-simple``: a request may too."""
+    for mode in ("sd:ngram-simple", "SD:ngram-simple"):
+        assert parse_request("completion", {"prompt": "a", "mode": mode}).overrides == {
+            "mode": "sd", "spec_type": "ngram-simple"}
+    assert parse_request("completion", {"prompt": "a", "mode": "sd:ngram-simple+draft"}).overrides[
+        "spec_type"] == "ngram-simple,draft"
+    assert parse_request("completion", {"prompt": "a", "mode": "easd-tf"}).overrides == {"mode": "easd-tf"}
 
 
 def test_request_config_source_and_param():

@@ -56,6 +56,8 @@ def row_grader(row: dict, grader: str | None = None) -> str:
 
 def regrade(path: str | Path, grader: str | None = None, *, write: bool = True) -> Regraded:
     p = Path(path).expanduser()
+    if grader is not None and grader not in GRADERS:  # even when every row records its own
+        raise ConfigError(f"--grader must be one of {', '.join(GRADERS)}, got {grader!r}")
     if not p.is_file():
         raise ConfigError(f"results file {str(p)!r} {'is a directory' if p.is_dir() else 'not found'}")
     try:

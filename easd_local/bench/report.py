@@ -594,6 +594,8 @@ _MECH_COLUMNS = ("method", "n vs target", "problems fired", "texts changed", "an
                  "changed without a fire")
 
 MECH_NOTE = (
+    "EASD (easd, easd-tf) is not lossless: where its gate fires, the target's re-pick replaces the token SD "
+    "would keep, so its texts and answers may differ from target's, for better or worse (W/L and p say which). "
     "Gate mechanism, against target on the questions both ran: problems fired = problems with at least one "
     "gate fire; texts/answers changed = completions / extracted answers that differ from target's; "
     "changed without a fire = completions that differ although the gate never fired (greedy easd-tf must "
@@ -626,6 +628,7 @@ def render_rich(summaries: list[GroupSummary]) -> list:
     from rich.text import Text
 
     tables = []
+    mech_tables = []
     for i, g in enumerate(summaries):
         last = i == len(summaries) - 1  # the notes go under the last table only
         table = Table(title=Text(_title(g)), caption=Text(NOTES) if last else None,
@@ -637,13 +640,15 @@ def render_rich(summaries: list[GroupSummary]) -> list:
         tables.append(table)
         mech = [c for c in (_mech_cells(m) for m in g.methods) if c is not None]
         if mech:
-            mt = Table(title=Text(f"{g.dataset} · pair {g.pair} · gate mechanism"),
-                       caption=Text(MECH_NOTE) if last else None, caption_justify="left")
+            mt = Table(title=Text(f"{g.dataset} · pair {g.pair} · gate mechanism"), caption_justify="left")
             for j, col in enumerate(_MECH_COLUMNS):
                 mt.add_column(col, justify="left" if j == 0 else "right", no_wrap=j == 0)
             for cells in mech:
                 mt.add_row(*(Text(c) for c in cells))
             tables.append(mt)
+            mech_tables.append(mt)
+    if mech_tables:  # under the last gate table, which need not be the last group's
+        mech_tables[-1].caption = Text(MECH_NOTE)
     return tables
 
 

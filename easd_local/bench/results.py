@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..fsutil import try_lock
+from ..fsutil import describe_write_error, try_lock
 from .schema import validate_row
 
 Key = tuple[str, str, str, str]  # (dataset, qid, method, pair)
@@ -37,6 +37,9 @@ class ResultsFile:
         p = self.path
         if p.is_dir():
             raise ConfigError(f"--out {str(p)!r} is a directory")
+        if p.exists() and not p.is_file():  # /dev/full would be read without end, /dev/null never keeps a row
+            raise ConfigError(f"--out {str(p)!r} is not a regular file (a device or a pipe?); "
+                              "give a file to keep the rows in")
         size = p.stat().st_size if p.exists() else 0
         if size and not resume:
             raise ConfigError(f"{str(p)!r} exists; use --resume or another --out")
@@ -73,7 +76,9 @@ class ResultsFile:
         p = self.path
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(p, "a", encoding="utf-8")  # noqa: SIM115
+            # unbuffered: a row that cannot be written in full is cut away in append(), and
+            # no buffered remainder is left for close() to fail on
+            self._fh = open(p, "ab", buffering=0)  # noqa: SIM115
         except OSError as exc:
             raise ConfigError(f"cannot write {str(p)!r}: {exc.strerror or exc}") from None
         if not try_lock(self._fh):  # one writer per file: a second run on the same --out would duplicate rows
@@ -91,14 +96,33 @@ class ResultsFile:
 
     def append(self, row: dict) -> None:
         assert self._fh is not None, "ResultsFile.open() first"
-        # one line per row; flushed and fsynced so that a kill loses at most this row.
+        # one line per row; fsynced so that a kill loses at most this row.
         # allow_nan=False: a bare Infinity or NaN is not JSON (jq and others reject the whole
         # file), so a non-finite float that reached a row unconverted fails here, loudly
-        line = json.dumps(row, ensure_ascii=False, allow_nan=False)
-        self._fh.write(line + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        data = memoryview((json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8"))
+        fd = self._fh.fileno()
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        except OSError as exc:
+            self._cut(fd, end)
+            raise ConfigError(
+                f"cannot write a row to {str(self.path)!r}: {describe_write_error(self.path, exc)}; "
+                f"{len(self.rows)} row{'' if len(self.rows) == 1 else 's'} saved before it: "
+                "make room and rerun with --resume"
+            ) from None
         self.rows[row_key(row)] = row
+
+    @staticmethod
+    def _cut(fd: int, end: int) -> None:
+        # a full disk may take part of a row: the file keeps only whole rows
+        try:
+            os.ftruncate(fd, end)
+            os.fsync(fd)
+        except OSError:
+            pass  # what is left is a torn last line, which report skips and --resume cuts
 
     def close(self) -> None:
         if self._fh is not None:

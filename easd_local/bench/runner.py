@@ -43,12 +43,13 @@ from typing import Any, Callable, Iterator, Sequence
 from ..engine import decoding
 from ..store import provenance
 from ..engine.config import DecodeConfig, field_name, parse_value
-from ..engine.modes import MODES, models_needed, spec_kinds
+from ..engine.modes import MODES, models_needed, parse_way_label
 from ..errors import ConfigError, NonFiniteLogitsError, RuntimeFailure
 from ..engine.near_ties import gate_margin
 from ..engine.pair import open_models
 from ..store.provenance import Environment
 from ..store.resolve import PairFiles, resolve_config, resolve_pair
+from ..llamacpp.gguf_file import check_gguf_file
 from ..llamacpp.runtime import LoadOptions
 from ..engine.scheduler import Failed, Request, Scheduler
 from .datasets import Problem
@@ -111,17 +112,17 @@ def _settings(items: Sequence[tuple[str, str]], origin: str) -> dict[str, Any]:
 
 def parse_modes(text: str) -> list[Method]:
     """``"target,sd,easd"`` -> one method per mode, named by the mode; ``sd:ngram-simple`` is
-    a mode with one drafter (``--spec-type``), named so."""
+    a mode with its drafters (``--spec-type``; ``sd:ngram-simple+draft``: two), named so, as
+    ``modes.way_label`` names a way."""
     out = []
-    for name in (m.strip() for m in text.split(",")):
+    for name in (m.strip().lower() for m in text.split(",")):
         if not name:
             continue
-        mode, _, spec = name.partition(":")
+        mode, spec = parse_way_label(name)
         if mode not in MODES:
             raise ConfigError(f"--modes: unknown mode {mode!r}; modes: {', '.join(MODES)}")
         changes: dict[str, Any] = {"mode": mode}
         if spec:
-            spec_kinds(spec)
             changes["spec_type"] = spec
         out.append(Method(name, changes, f"--modes {name}"))
     if not out:
@@ -253,6 +254,9 @@ def pair_specs(
         specs.append(resolve_pair(None, None, None, mode=mode, confirm=confirm, progress=progress))
     labels: dict[str, PairFiles] = {}
     for s in specs:
+        for f in (s.draft, s.target):  # one line before --out is opened (provenance hashes them first)
+            if f is not None:
+                check_gguf_file(f)
         if s.label in labels:
             raise ConfigError(f"two pairs have the same label {s.label!r}; results are keyed by it, "
                               "so give each pair once (file pairs are labelled by their file names)")

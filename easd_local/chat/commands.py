@@ -14,6 +14,7 @@ from typing import Callable, Protocol
 
 from ..engine.config import FIELD_TYPES, LOSSLESS_HELP, MODES, DecodeConfig, not_lossless
 from ..engine.events import acceptance_text
+from ..engine.modes import parse_way_label, way_label
 from ..errors import EasdError
 from .transcript import save_error
 
@@ -26,7 +27,7 @@ class Session(Protocol):
     about: Callable[[], str] | None  # the front end's details (mode and why, sampling, placement)
     easd_loss: Callable[[str], str | None] | None  # a recorded loss of an EASD mode on this pair
 
-    def set_mode(self, mode: str) -> None: ...
+    def set_mode(self, mode: str, spec_type: str | None = None) -> None: ...
 
     def apply_setting(self, key: str, value: str) -> dict: ...
 
@@ -74,11 +75,12 @@ def _shown(v) -> str:
 # --------------------------------------------------------------------------- handlers
 def _mode(s: Session, arg: str) -> CommandResult:
     if not arg:
-        return CommandResult(False, f"usage: /mode {'|'.join(MODES)} (now {s.cfg.mode})", kind="mode")
-    mode = arg.lower()
-    s.set_mode(mode)
+        return CommandResult(False, f"usage: /mode {'|'.join(MODES)}, or sd:DRAFTERS as in sd:ngram-simple "
+                                    f"(now {way_label(s.cfg.mode, s.cfg.drafters)})", kind="mode")
+    mode, kinds = parse_way_label(arg)  # as the banner names it: sd:ngram-simple
+    s.set_mode(mode, kinds)
     note = _not_lossless_note(mode, s) or " (lossless: the target's own output)"
-    return CommandResult(True, f"mode {mode}{note}", kind="mode", data={"mode": mode})
+    return CommandResult(True, f"mode {way_label(mode, s.cfg.drafters)}{note}", kind="mode", data={"mode": mode})
 
 
 def _set(s: Session, arg: str) -> CommandResult:

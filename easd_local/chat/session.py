@@ -330,11 +330,11 @@ class ChatSession:
         """The settings in force, JSON-safe (as the transcript, /stats and /save show them)."""
         return jsonable(dataclasses.asdict(self.cfg))
 
-    def set_mode(self, mode: str) -> None:
-        cfg = self.cfg.replace(mode=mode)
+    def set_mode(self, mode: str, spec_type: str | None = None) -> None:
+        cfg = self.cfg.replace(mode=mode, spec_type=spec_type or self.cfg.spec_type)
         load_draft_if_needed(self, cfg)
         self.cfg = cfg
-        self._log("mode", mode=mode)
+        self._log("mode", mode=mode, spec_type=cfg.spec_type)
 
     def apply_setting(self, key: str, value: str) -> dict:
         """Set ``key`` (a DecodeConfig field, as typed: "tau-target") to ``value`` (text);

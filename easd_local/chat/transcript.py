@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -61,6 +62,12 @@ class TranscriptWriter:
     def _fail(self, e: OSError) -> None:
         self.error = describe_write_error(self.path, e)
         self.close()
+        try:  # a file with no line in it is no transcript, only litter in the folder
+            st = self.path.stat()
+            if stat.S_ISREG(st.st_mode) and st.st_size == 0:  # never a device (/dev/full)
+                self.path.unlink()
+        except OSError:
+            pass
 
     def write(self, event: str, **data) -> None:
         if self._fd is None:
@@ -90,6 +97,17 @@ class TranscriptWriter:
             return None
         self._warned = True
         return f"warning: the chat transcript is off: {self.error}; the chat goes on without it"
+
+    def where(self) -> str:
+        """Where the transcript is, for the line a chat ends with: the path, or why there is
+        none (an empty file left by a writer that failed at once is no transcript)."""
+        if self.error is None:
+            return str(self.path)
+        try:
+            kept = self.path.stat().st_size > 0
+        except OSError:
+            kept = False
+        return f"{self.path} (incomplete: {self.error})" if kept else f"none ({self.error})"
 
     def close(self) -> None:
         if self._fd is not None:

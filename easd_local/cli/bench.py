@@ -27,9 +27,10 @@ from ..bench import runner
 from ..engine.near_ties import ARGMAX, ARGMAX_NEAR_TIE
 from ..bench.datasets import GRADERS, PRESETS, load_dataset, preset_names
 from ..store import provenance
-from ..engine.config import MODES, DecodeConfig
+from ..engine.config import LOSSLESS_HELP, MODES, DecodeConfig
 from .. import figures
 from ..errors import ConfigError
+from ..fsutil import describe_write_error, write_text_atomic
 from ..llamacpp.runtime import fmt_bytes
 from . import options as o
 from .common import console, err_console, friendly
@@ -74,7 +75,8 @@ BenchSeedOpt = Annotated[Optional[int], typer.Option(
 
 ModesOpt = Annotated[Optional[str], typer.Option(
     "--modes", help=f"Comma-separated modes to run, each a method named by its mode: {', '.join(MODES)} "
-    "(default target,sd,easd; none by default when --easd-config or --sweep is given).", rich_help_panel=P_METHODS)]
+    f"(default target,sd,easd; none by default when --easd-config or --sweep is given). {LOSSLESS_HELP}",
+    rich_help_panel=P_METHODS)]
 EasdConfigOpt = Annotated[Optional[list[str]], typer.Option(
     "--easd-config", metavar="NAME:KEY=VAL,...",
     help="A method NAME with its own settings, e.g. hot:tau-target=1.5,penalty=0.5 (mode from mode=, else easd). "
@@ -181,9 +183,9 @@ def print_report(paths: Sequence[Path], markdown: Path | None = None, plot: Path
             shown = ([f"files: {names} (a later file's row replaces an earlier one's for the same problem and method)"]
                      if len(paths) > 1 else []) + ([f"methods shown: {', '.join(methods)}"] if methods else []) + (
                 ["only the problems every shown method answered (--common)"] if common else [])
-            markdown.expanduser().write_text(rep.render_markdown(summaries, [*env_note, *shown], loads), encoding="utf-8")
+            write_text_atomic(markdown.expanduser(), rep.render_markdown(summaries, [*env_note, *shown], loads))
         except OSError as exc:
-            raise ConfigError(f"cannot write {str(markdown)!r}: {exc.strerror or exc}") from None
+            raise ConfigError(f"cannot write {str(markdown)!r}: {describe_write_error(markdown, exc)}") from None
         console.print(Text(f"markdown: {markdown}"))
     if plot is not None and summaries:
         console.print(Text(f"plot: {rep.plot(summaries, plot)}"))

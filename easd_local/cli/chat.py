@@ -18,11 +18,13 @@ from ..chat import CHAT_DEFAULTS, ChatSession, Notice, Reply, TranscriptWriter
 from ..chat.commands import synopsis
 from ..engine.config import DecodeConfig, not_lossless
 from ..errors import EasdError
+from ..text import check_text
 from ..engine.pair import open_models
 from . import options as o
 from .common import console, err_console, friendly
 from .progress import spinner, until_first
-from .render import LEGEND, ORIGIN_STYLE, placement_line, repack_news, repack_note, status_line
+from .render import (LEGEND, ORIGIN_STYLE, OutputError, placement_line, repack_news, repack_note, status_line,
+                     stdout_guard)
 
 
 # the keys that _Input and _loop give a meaning to; /help ends with them
@@ -34,7 +36,8 @@ class _Input:
     A line ending in a backslash continues on the next line. EOF -> None."""
 
     def __init__(self) -> None:
-        self.tty = sys.stdin.isatty()
+        self.closed = sys.stdin is None  # started with stdin closed (``<&-``): as at EOF
+        self.tty = not self.closed and sys.stdin.isatty()
         # bytes that are not UTF-8 reach the session as surrogates, which it refuses with a
         # message, instead of a UnicodeDecodeError ending the chat
         if hasattr(sys.stdin, "reconfigure"):
@@ -46,6 +49,8 @@ class _Input:
                 pass
 
     def _line(self, prompt: str) -> str | None:
+        if self.closed:
+            return None
         if self.tty:
             try:
                 return input(prompt)
@@ -77,24 +82,26 @@ class _Writer:
     --show-origin, plain writes otherwise (and always when stdout is piped)."""
 
     def __init__(self, show_origin: bool) -> None:
-        self.tty = sys.stdout.isatty()
+        self.tty = sys.stdout is not None and sys.stdout.isatty()
         self.colour = show_origin and self.tty and console.is_terminal
         self.at_line_start = True
 
     def token(self, text: str, origin: str) -> None:
         if not text:
             return
-        if self.colour:
-            console.print(Text(text, style=ORIGIN_STYLE.get(origin, "")), end="", soft_wrap=True)
-        else:
-            sys.stdout.write(text)
-            sys.stdout.flush()
+        with stdout_guard():
+            if self.colour:
+                console.print(Text(text, style=ORIGIN_STYLE.get(origin, "")), end="", soft_wrap=True)
+            else:
+                sys.stdout.write(text)
+                sys.stdout.flush()
         self.at_line_start = text.endswith("\n")
 
     def end_reply(self) -> None:
-        if not self.at_line_start:
-            sys.stdout.write("\n")
-        sys.stdout.flush()
+        with stdout_guard():
+            if not self.at_line_start:
+                sys.stdout.write("\n")
+            sys.stdout.flush()
         self.at_line_start = True
 
 
@@ -123,6 +130,11 @@ def _run_turn(session: ChatSession, text: str, writer: _Writer, load_before: flo
         # Ctrl-C landed while we were rendering: the session keeps the partial reply
         reply = session.interrupt()
         stream.close()
+    except OutputError:
+        # nowhere to show this reply or any later one: keep what was made, end the chat
+        session.interrupt()
+        stream.close()
+        raise
     except EasdError as e:
         writer.end_reply()
         _note(f"error: {e}", "red")
@@ -164,7 +176,12 @@ def _loop(session: ChatSession, show_origin: bool, load_before: float | None = N
         if not text.strip():
             continue
         if text.lstrip().startswith("/"):
-            res = session.command(text.strip())
+            try:
+                res = session.command(text.strip())
+            except KeyboardInterrupt:
+                # e.g. while /mode loads the draft model: the command is dropped, not the chat
+                _note("[stopped; the command changed nothing]", "yellow")
+                continue
             if res.quit:
                 return
             if res.message:
@@ -247,6 +264,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
     ) -> None:
         flags = o.decode_flags(kw)
         o.decode_config(CHAT_DEFAULTS, **flags)  # every value is checked before any model loads
+        if system is not None:  # else every message would be refused, each naming "the text"
+            check_text(system, "the system prompt")
         topts, dopts = o.llama_options(kw)
         load_before = host.load()  # before our own threads add to it
         spec, cfg, source, why = o.pair_and_config(kw, flags, CHAT_DEFAULTS)
@@ -284,4 +303,4 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 _loop(session, show_origin, load_before)
             finally:
                 session.close()
-                _note(f"transcript: {transcript.path}")
+                _note(f"transcript: {transcript.where()}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -20,11 +21,11 @@ from ..engine.near_ties import gate_margin
 from ..engine.pair import open_models
 from . import options as o
 from .common import console, err_console, friendly
-from ..fsutil import write_jsonl_atomic
+from ..fsutil import describe_write_error, refuse_non_file, write_jsonl_atomic
 from ..text import check_text, decode_input
 from .progress import spinner, until_first
 from .render import (LEGEND, ORIGIN_STYLE, placement, placement_line, repack_news, run_settings, status_line,
-                     trace_rows)
+                     stdout_guard, trace_rows)
 
 
 # the rule comes from where it is defined, so --help cannot fall behind it
@@ -36,6 +37,15 @@ easd and easd-tf are not lossless: the gate replaces some of the target's tokens
 
 generate is greedy (temperature {DecodeConfig().temperature:g}, up to {DecodeConfig().max_tokens} tokens) so that a run repeats exactly; chat samples (temperature {CHAT_DEFAULTS.temperature:g}) as chat UIs do.
 """
+
+
+def _check_trace(path: Path) -> None:
+    try:
+        refuse_non_file(path)
+        if any(p.exists() and not p.is_dir() for p in path.parents):
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path))
+    except OSError as e:
+        raise ConfigError(f"--trace: {describe_write_error(path, e)}") from None
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
@@ -56,9 +66,16 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         o.decode_config(DecodeConfig(), **flags)  # every value is checked before any model loads
         topts, dopts = o.llama_options(kw)
         if prompt == "-":
+            if sys.stdin is None:  # started with stdin closed (``<&-``)
+                raise ConfigError("PROMPT is '-' but standard input is closed")
             prompt = decode_input(sys.stdin.buffer.read(), "the prompt read from standard input")
+        if trace is not None:
+            trace = trace.expanduser()
+            _check_trace(trace)  # before the models load, not after the whole completion
         check_text(prompt, "the prompt")
         if system is not None:
+            if not chat:  # a raw prompt has nowhere to put it: ignoring it would answer another question
+                raise ConfigError("--system needs --chat: a --raw prompt has no system message")
             check_text(system, "the system message")
         load_before = host.load()  # before our own threads add to it
         spec, cfg, source, why = o.pair_and_config(kw, flags, DecodeConfig())
@@ -101,14 +118,18 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                     break
                 events.append(ev)
                 if not json_out and ev.text:
-                    if show_origin:
-                        console.print(Text(ev.text, style=ORIGIN_STYLE.get(ev.origin, "")), end="")
-                    else:
-                        out.write(ev.text)
-                        out.flush()
+                    with stdout_guard():
+                        if show_origin:
+                            console.print(Text(ev.text, style=ORIGIN_STYLE.get(ev.origin, "")), end="")
+                        else:
+                            out.write(ev.text)
+                            out.flush()
             assert fin is not None
             if trace is not None:
-                write_jsonl_atomic(trace, trace_rows(events))
+                try:
+                    write_jsonl_atomic(trace, trace_rows(events))
+                except OSError as e:
+                    raise ConfigError(f"could not write the trace: {describe_write_error(trace, e)}") from None
             load_after = host.load()
             busy = host.busy_note((load_before, False), (load_after, True))
             if json_out:
@@ -120,11 +141,12 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                        "cpu_load": {"before": load_before, "after": load_after, "cores": host.cores(),
                                     "busy": busy or None},
                        "provenance": prov.to_dict()}
-                out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                with stdout_guard():
+                    out.write(json.dumps(obj, ensure_ascii=False) + "\n")
+                    out.flush()
             else:
-                if fin.tail:
-                    out.write(fin.tail)
-                out.write("\n")
-                out.flush()
+                with stdout_guard():
+                    out.write(fin.tail + "\n")
+                    out.flush()
                 where = placement_line(models, "status", repack=repack_news(models, topts.verbose))
                 err_console.print(status_line(fin.stats, where, busy), style="dim")

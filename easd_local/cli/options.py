@@ -18,6 +18,7 @@ from ..engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, FIELD_TYPES, 
 from .. import host
 from ..errors import ConfigError
 from ..engine.ways import auto_mode
+from ..engine.modes import parse_way_label, spec_kinds, way_label
 from ..llamacpp.rpc import parse_endpoints, parse_tensor_split
 from ..llamacpp.devices import gpu_offload_supported
 from ..engine.pair import check_pair_files
@@ -228,8 +229,17 @@ def llama_options(kw: dict) -> tuple[LoadOptions, LoadOptions]:
 
 
 def decode_flags(params: dict) -> dict:
-    """The decoding flags of a command's parameters (None where not given)."""
-    return {k: params[k] for k in DECODE_FLAGS}
+    """The decoding flags of a command's parameters (None where not given). --mode may be a
+    way's label as the tool prints it (``sd:ngram-simple``): its drafters become --spec-type."""
+    flags = {k: params[k] for k in DECODE_FLAGS}
+    if flags["mode"] is not None:
+        flags["mode"], kinds = parse_way_label(flags["mode"])
+        if kinds is not None:
+            given = flags["spec_type"]
+            if given is not None and spec_kinds(given) != spec_kinds(kinds):
+                raise ConfigError(f"--mode {params['mode']} drafts with {kinds}, --spec-type says {given}: give one")
+            flags["spec_type"] = kinds
+    return flags
 
 
 def decode_config(base: DecodeConfig, **flags) -> DecodeConfig:
@@ -239,12 +249,8 @@ def decode_config(base: DecodeConfig, **flags) -> DecodeConfig:
 
 
 def mode_label(cfg: DecodeConfig) -> str:
-    """The mode with its drafters, as bench's --modes and ``ways`` name it: ``sd:ngram-simple``
-    (``sd`` alone: the draft model)."""
-    kinds = cfg.drafters
-    if not kinds or kinds == ("draft",):
-        return cfg.mode
-    return f"{cfg.mode}:{'+'.join(kinds)}"
+    """The mode with its drafters (``modes.way_label``): ``sd:ngram-simple``."""
+    return way_label(cfg.mode, cfg.drafters)
 
 
 def load_draft(spec: PairFiles, cfg: DecodeConfig):
@@ -329,7 +335,7 @@ def pair_and_config(kw: dict, flags: dict, base: DecodeConfig) -> tuple[PairFile
     came from, why this mode: "" when --mode chose it)."""
     from .pull_ui import DownloadUI
 
-    mode = kw["mode"]
+    mode = flags["mode"]
     with DownloadUI(kw["yes"]) as dl:
         spec = resolve_pair(kw["pair"], kw["draft"], kw["target"], mode=mode or "target",
                             spec_type=flags.get("spec_type") or "draft", confirm=dl.confirm, progress=dl.progress)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
+import os
+import sys
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 from ..engine.decoding import BONUS, DRAFT, EASD, RESAMPLED, TRACE_NAMES, Stats, TokenEvent, acceptance_text
 from ..engine.events import LOOKUP
 from ..jsonsafe import json_number
 from ..engine.modes import mode_info
+from ..errors import EasdError
 from ..llamacpp.devices import backends, system_info
 from ..units import human_size
 from .once import first_time
@@ -19,6 +23,28 @@ LEGEND = (
     "[green]draft-accepted[/]  [blue]lookup-accepted[/]  [yellow]target-resampled[/]  "
     "[bold magenta]EASD-resampled[/]  [cyan]bonus[/]  target"
 )
+
+
+class OutputError(EasdError):
+    """Standard output cannot be written (a full disk behind ``>``, a closed descriptor): the
+    reply cannot reach the user, so the command ends rather than decode on unseen."""
+
+
+@contextmanager
+def stdout_guard() -> Iterator[None]:
+    """Turn a failed write to standard output inside the block into ``OutputError``. A closed
+    pipe (``| head``) stays a BrokenPipeError, which ends the command quietly (``friendly``)."""
+    try:
+        if sys.stdout is None:  # started with stdout closed (``>&-``)
+            raise OSError(0, "it is closed")
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        # the failed text stays in the stream's buffer, and the flush at exit would
+        # report it again as "Exception ignored"
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        raise OutputError(f"cannot write to standard output: {e.strerror or e}") from None
 
 
 def status_line(s: Stats, where: str = "", busy: str = "") -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from dataclasses import replace
@@ -108,6 +109,18 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
              verify_costs=o.verify_costs(spec, kw))
 
 
+def _stopping_engine_first(server_class, engine):
+    """uvicorn's Server, its shutdown stopping the engine first: the engine then answers every
+    request it holds (ShuttingDown), so each client gets an error while its connection is
+    still open, rather than waiting out the graceful timeout to be cut off with a traceback."""
+    class Server(server_class):
+        async def shutdown(self, sockets=None) -> None:
+            await asyncio.to_thread(engine.stop)
+            await super().shutdown(sockets)
+
+    return Server
+
+
 def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host,
          webui=True, cache_prompt=True, slot_similarity=0.1, cache_ram=0, verify_costs=None) -> None:
     import uvicorn
@@ -139,7 +152,7 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
                                          api_key=api_key, max_body=max_body, webui=webui, easd_losses=losses))
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
-    server = uvicorn.Server(config)
+    server = _stopping_engine_first(uvicorn.Server, engine)(config)
     server_box.append(server)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host

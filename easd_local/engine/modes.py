@@ -102,6 +102,24 @@ def spec_kinds(spec_type: str) -> tuple[str, ...]:
     return kinds
 
 
+def way_label(mode: str, drafters: tuple[str, ...]) -> str:
+    """A mode with its drafters as the tool names it (bench's --modes, ``ways``, the banner):
+    ``sd:ngram-simple``, ``sd:ngram-simple+draft``; ``sd`` alone drafts with the draft model."""
+    if not drafters or drafters == ("draft",):
+        return mode
+    return f"{mode}:{'+'.join(drafters)}"
+
+
+def parse_way_label(text: str) -> tuple[str, str | None]:
+    """``way_label``'s inverse, as a user types it after seeing it (any case; drafters joined
+    by '+' or ','): ``"sd:ngram-simple"`` -> ("sd", "ngram-simple"), ``"EASD"`` -> ("easd",
+    None). The mode is checked where every mode is (``DecodeConfig``), the drafters here."""
+    mode, sep, kinds = text.strip().lower().partition(":")
+    if not sep:
+        return mode, None
+    return mode, ",".join(spec_kinds(kinds.replace("+", ",")))
+
+
 def needs_draft_model(mode: str, spec_type: str) -> bool:
     """Whether decoding ``mode`` with drafters ``spec_type`` loads the draft model."""
     info = mode_info(mode)

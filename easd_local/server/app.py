@@ -22,14 +22,14 @@ from typing import AsyncIterator, Mapping
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request as HttpRequest
+from starlette.requests import ClientDisconnect, Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..engine.config import DecodeConfig
 from ..engine.decoding import Finished, TokenEvent
 from ..errors import ContextOverflowError, EasdError
-from .engine import Admitted, Engine, Failed, Job, NotReady, QueueFull, Rejected, Request
+from .engine import Admitted, Engine, Failed, Job, NotReady, QueueFull, Rejected, Request, ShuttingDown
 from .metrics import CONTENT_TYPE
 from .protocol import ApiError, ApiRequest, bad, parse_request, request_config
 from .responses import (Tally, chunk, completion, finish_reason, new_id, timings_from_stats, timings_from_tally,
@@ -41,6 +41,7 @@ from . import webui
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to this, so the client sees the 413
 RETRY_AFTER_S = 1
+SHUTDOWN_GRACE_S = 3.0  # less than uvicorn's graceful-shutdown timeout (cli/serve.py: 5 s)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,19 @@ class ServeConfig:
 
 class ClientGone(Exception):
     pass
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down; retry once it is back", type="server_error",
+                    code="shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def ended_early(msg) -> ApiError:
+    """The error for an engine message that ends a request without its answer."""
+    if isinstance(msg, ShuttingDown):
+        return shutting_down()
+    text = msg.message if isinstance(msg, Failed) else str(msg)
+    return ApiError(500, f"decoding failed: {text}", type="server_error", code="decoding_failed")
 
 
 def error_response(e: ApiError) -> JSONResponse:
@@ -79,12 +93,15 @@ async def read_json(request: HttpRequest, limit: int):
             await _drain(request, int(declared))
             raise too_big
     chunks, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            await _drain(request, size)
-            raise too_big
-        chunks.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                await _drain(request, size)
+                raise too_big
+            chunks.append(part)
+    except ClientDisconnect:  # gone before its body was all sent: nobody to answer
+        raise ClientGone() from None
     try:
         return json.loads(b"".join(chunks), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -179,8 +196,7 @@ class Completion:
                     return
                 else:  # Failed, or a shutdown
                     over = True
-                    text = msg.message if isinstance(msg, Failed) else str(msg)
-                    raise ApiError(500, f"decoding failed: {text}", type="server_error", code="decoding_failed")
+                    raise ended_early(msg)
         finally:
             if not over:  # the client went away (the consumer was cancelled)
                 self.engine.cancel(self.job)
@@ -246,6 +262,8 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
             raise ApiError(503, f"the decoding engine stopped: {engine.crashed}", type="server_error")
         if engine.load_error is not None:
             raise ApiError(503, f"the models failed to load: {engine.load_error}", type="server_error")
+        if engine.stopping:
+            raise shutting_down()
         if not engine.ready:
             raise ApiError(503, "the models are still loading", type="server_error", code="loading",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -254,6 +272,8 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
         problem = engine.crashed or engine.load_error
         if problem is not None:
             return JSONResponse({"status": "error", "message": str(problem)}, status_code=503)
+        if engine.stopping:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         if not engine.ready:
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "ok"})
@@ -327,6 +347,8 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
                 raise
         except ApiError as e:
             return error_response(e)
+        except ClientGone:
+            return Response(status_code=499)
 
         try:
             first = await until_disconnect(request, queue.get())
@@ -339,11 +361,12 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
                                           code="context_length_exceeded"))
             return error_response(bad(str(first.error), code="invalid_value"))
         if not isinstance(first, Admitted):
-            text = first.message if isinstance(first, Failed) else str(first)
-            return error_response(ApiError(500, f"decoding failed: {text}", type="server_error"))
+            return error_response(ended_early(first))
         run = Completion(engine, job, queue, req, cfg, source, len(prompt), first.queue_s, conf.model_name)
         if req.stream:
-            return EventSourceResponse(run.events(), sep="\n")
+            # at a shutdown signal sse-starlette would cancel the stream at once, cutting it
+            # short; the grace lets the engine's stop end it with an error event and [DONE]
+            return EventSourceResponse(run.events(), sep="\n", shutdown_grace_period=SHUTDOWN_GRACE_S)
         try:
             return JSONResponse(await until_disconnect(request, run.collect()))
         except ClientGone:

@@ -8,7 +8,8 @@ request's ``deliver`` callback (the HTTP layer passes one that puts it on the re
 asyncio queue with ``loop.call_soon_threadsafe``).
 
 Messages a request receives, in order: ``Admitted`` or ``Rejected``; then the scheduler's
-``TokenEvent``s; then one ``Finished`` or ``Failed``.
+``TokenEvent``s; then one ``Finished`` or ``Failed``. ``ShuttingDown`` may come instead of
+any of these: the engine stopped before the request ended.
 
 The prompt cache: the scheduler keeps each slot's KV cells after its request and sends a
 request to the idle slot that lets it reuse the most (``engine.prompt_cache``); this is the
@@ -37,7 +38,7 @@ from ..engine.scheduler import Failed, Request, Scheduler
 from .metrics import Metrics
 from .responses import finish_reason
 
-__all__ = ["Admitted", "Engine", "Failed", "Job", "NotReady", "QueueFull", "Rejected", "Request"]
+__all__ = ["Admitted", "Engine", "Failed", "Job", "NotReady", "QueueFull", "Rejected", "Request", "ShuttingDown"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class Admitted:
 @dataclass(frozen=True)
 class Rejected:
     error: EasdError  # the scheduler refused the request (bad setting, prompt too long)
+
+
+@dataclass(frozen=True)
+class ShuttingDown:
+    """The server is stopping: the request ends unanswered (a retry may find it back up)."""
 
 
 class QueueFull(Exception):
@@ -110,6 +116,10 @@ class Engine:
     @property
     def ready(self) -> bool:
         return self._ready.is_set() and self.load_error is None and self.crashed is None and not self._stopping
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
     def start(self) -> None:
         self._thread.start()
@@ -288,7 +298,7 @@ class Engine:
         with self._cv:
             waiting, self._waiting = list(self._waiting), collections.deque()
         for job in waiting + list(self._running.values()):
-            job.deliver(Failed("the server is shutting down"))
+            job.deliver(ShuttingDown())
         self._running.clear()
         if self.pair is not None:
             self.pair.close()

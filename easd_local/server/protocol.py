@@ -5,8 +5,9 @@ are read with their OpenAI meaning; the extension fields (``mode``, ``gamma``, `
 ``tau_target``, ``top_n``, ``overlap``, ``penalty``, ``top_k``, ``draft_p_min``) override the
 server's decoding defaults for one request; ``cache_prompt`` (llama-server's) false makes the
 request evaluate its whole prompt instead of reusing a slot's cached prefix. Fields this server cannot honour (``n`` > 1,
-tools, logprobs, a JSON response format) are refused rather than silently ignored; other
-unknown fields are ignored, as OpenAI-compatible servers do.
+tools, logprobs, a JSON response format, ``logit_bias``, non-zero ``frequency_penalty`` or
+``presence_penalty``, ``best_of`` > 1, ``suffix``) are refused rather than silently ignored;
+other unknown fields are ignored, as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..engine.config import DecodeConfig
+from ..engine.modes import parse_way_label, spec_kinds
 from ..errors import ConfigError
 
 MAX_STOP_STRINGS = 16
@@ -36,6 +38,7 @@ EXTENSIONS = {
     "draft_min": ("draft_min", int),
 }
 STANDARD = {"temperature": ("temperature", float), "top_p": ("top_p", float), "seed": ("seed", int)}
+NO_OP_VALUES = {"frequency_penalty": 0, "presence_penalty": 0, "best_of": 1}  # OpenAI's defaults
 THRESHOLD_FIELDS = ("tau_draft", "tau_target", "top_n", "overlap", "penalty")
 
 
@@ -136,6 +139,9 @@ def _messages(body: Mapping) -> tuple[dict, ...]:
 
 def _prompt(body: Mapping) -> str:
     p = body.get("prompt")
+    if p is None:
+        raise bad("'prompt' is required" + (" (a chat request goes to /v1/chat/completions)" if "messages" in body
+                                            else ""), "prompt")
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
         p = p[0]
     if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
@@ -177,6 +183,15 @@ def _refuse_unsupported(body: Mapping) -> None:
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise bad("only response_format {'type': 'text'} is supported", "response_format")
+    # clients send these at their defaults with every request: only another value asks for
+    # something this server would otherwise leave undone without a word
+    for name, default in NO_OP_VALUES.items():
+        v = body.get(name)
+        if v is not None and v != default:
+            raise bad(f"'{name}' is not supported (only {default!r} is accepted), got {v!r}", name)
+    for name in ("logit_bias", "suffix"):
+        if body.get(name):
+            raise bad(f"'{name}' is not supported", name)
 
 
 def parse_request(kind: str, body: Any) -> ApiRequest:
@@ -192,6 +207,8 @@ def parse_request(kind: str, body: Any) -> ApiRequest:
         v = _number(body, name, typ)
         if v is not None:
             overrides[fld] = v
+    if "mode" in overrides:
+        _split_way_label(overrides)
     # max_completion_tokens is the newer name; it wins when both are given
     for name in ("max_tokens", "max_completion_tokens"):
         v = _number(body, name, int)
@@ -209,6 +226,21 @@ def parse_request(kind: str, body: Any) -> ApiRequest:
     if kind == "chat":
         return ApiRequest(kind="chat", messages=_messages(body), **common)
     return ApiRequest(kind="completion", prompt=_prompt(body), **common)
+
+
+def _split_way_label(overrides: dict) -> None:
+    """``mode`` as the server's load line and /props name a way (``sd:ngram-simple``): its
+    drafters become ``spec_type``."""
+    try:
+        mode, kinds = parse_way_label(overrides["mode"])
+        given = overrides.get("spec_type")
+        if kinds is not None and given is not None and spec_kinds(given) != spec_kinds(kinds):
+            raise ConfigError(f"'mode' {overrides['mode']!r} drafts with {kinds}, 'spec_type' says {given!r}: give one")
+    except ConfigError as e:
+        raise bad(str(e), "mode", code="invalid_value") from None
+    overrides["mode"] = mode
+    if kinds is not None:
+        overrides["spec_type"] = kinds
 
 
 def request_config(base: DecodeConfig, source: str, overrides: Mapping[str, Any],

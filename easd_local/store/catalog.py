@@ -22,6 +22,7 @@ else:  # pragma: no cover
 
 from .. import paths
 from ..errors import ConfigError, ModelLoadError
+from ..fsutil import describe_write_error, write_json_atomic
 from . import filehash
 from ..llamacpp.gguf_file import check_gguf_file
 
@@ -299,13 +300,11 @@ def _write_user_catalog(data: dict[str, Any]) -> None:
     """Replace the user catalog atomically (a crash leaves the old one or the new one)."""
     data["schema"] = 1
     upath = paths.user_catalog_path()
-    upath.parent.mkdir(parents=True, exist_ok=True)
-    tmp = upath.with_name(f"{upath.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, upath)
-    finally:
-        tmp.unlink(missing_ok=True)
+        write_json_atomic(upath, data)
+    except OSError as exc:  # a full disk, a read-only home: the catalog stays as it was
+        raise ConfigError(f"cannot update the user catalog: {describe_write_error(upath, exc)}; "
+                          "nothing was registered") from None
 
 
 def register_user_model(name: str, record: Mapping[str, Any]) -> ModelEntry:
