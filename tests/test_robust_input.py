@@ -55,10 +55,25 @@ def test_chat_goes_on_when_the_home_is_a_file(tiny_draft, tiny_target, tmp_path,
     assert _replies(r.stderr) == 2  # both messages were answered
 
 
-def test_transcript_on_a_full_disk_warns_once_and_chat_goes_on(tiny_draft, tiny_target):
+def _transcript_disk_full(monkeypatch, full: bool = True) -> None:
+    """Every write of the transcript's fails with ENOSPC, as on a full disk (not /dev/full: as
+    root, a writer that went wrong there could replace or remove the device)."""
+    import types
+
+    from easd_local.chat import transcript as module
+
+    def no_room(fd, data):
+        raise OSError(28, "No space left on device")
+
+    calls = {k: getattr(os, k) for k in dir(os) if not k.startswith("__")}
+    monkeypatch.setattr(module, "os", types.SimpleNamespace(**{**calls, "write": no_room}) if full else os)
+
+
+def test_transcript_on_a_full_disk_warns_once_and_chat_goes_on(tiny_draft, tiny_target, tmp_path, monkeypatch):
+    _transcript_disk_full(monkeypatch)
     with open_models(tiny_draft, tiny_target, LoadOptions(n_ctx=512, n_threads=1)) as pair:
         s = ChatSession(pair.target, pair.draft, CHAT_DEFAULTS.replace(max_tokens=4), n_vocab=pair.n_vocab,
-                        transcript=TranscriptWriter(Path("/dev/full")))  # every write: ENOSPC
+                        transcript=TranscriptWriter(tmp_path / "t.jsonl"))  # every write: ENOSPC
         notices = s.take_notices()
         assert len(notices) == 1 and "no space left" in notices[0].text
         for _ in range(2):
@@ -332,22 +347,32 @@ def test_chat_names_no_transcript_when_none_was_written(tiny_draft, tiny_target,
     r = _chat(tiny_draft, tiny_target, input="hello\n")
     assert r.exit_code == 0, r.output
     assert r.stderr.splitlines()[-1] == f"transcript: none ({home} is a file, not a folder)"
-    w = TranscriptWriter(Path("/dev/full"))  # opened, then the first line fails: nothing kept
-    w.write("user", content="hi")
-    assert w.where().startswith("none (no space left")
-    assert Path("/dev/full").is_char_device()  # an empty transcript is removed, never a device
     path = tmp_path / "t.jsonl"
     w = TranscriptWriter(path)
     w.write("user", content="first")
-    real_write = os.write
-
-    def full(fd, data):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "write", full)
+    _transcript_disk_full(monkeypatch)
     w.write("user", content="second")  # the disk filled up: the line before it stays
-    monkeypatch.setattr(os, "write", real_write)
+    _transcript_disk_full(monkeypatch, full=False)
     assert w.where() == f"{path} (incomplete: no space left on the device holding {path})"
+
+    empty = tmp_path / "e.jsonl"
+    w = TranscriptWriter(empty)  # opened, then the first line fails: nothing kept, no empty file
+    _transcript_disk_full(monkeypatch)
+    w.write("user", content="hi")
+    _transcript_disk_full(monkeypatch, full=False)
+    assert w.where().startswith("none (no space left") and not empty.exists()
+
+    pipe = tmp_path / "pipe"  # not a regular file: never removed (as root, /dev/full could have been)
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # so that the writer's open does not block
+    try:
+        w = TranscriptWriter(pipe)
+        _transcript_disk_full(monkeypatch)
+        w.write("user", content="hi")
+        _transcript_disk_full(monkeypatch, full=False)
+    finally:
+        os.close(reader)
+    assert w.where().startswith("none (") and stat.S_ISFIFO(os.stat(pipe).st_mode)
 
 
 def test_chat_refuses_a_system_prompt_that_is_not_utf8_before_loading(tmp_path, monkeypatch):
