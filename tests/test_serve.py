@@ -3,7 +3,10 @@ driven with the official `openai` client and plain HTTP. One server for the modu
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
+import time
 
 import numpy as np
 import openai
@@ -18,6 +21,7 @@ from easd_local.llamacpp.runtime import LoadOptions
 
 CTX = 1024
 MAX_BODY = 65536
+BODY_TIMEOUT = 2  # --timeout: seconds a request body may stall
 TIMINGS_KEYS = {
     "cache_n", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms", "predicted_per_second",
     "queue_ms", "ttft_ms", "draft_n", "draft_n_accepted", "sd_accepted", "sd_rejections", "gate_fires", "bonus",
@@ -31,7 +35,8 @@ PROMPTS = ["Tell me a story", "hello there", "What is 2+2?", "abc def", "Write a
 @pytest.fixture(scope="module")
 def server(tiny_draft, tiny_target, tmp_path_factory):
     srv = start_tiny(tiny_draft, tiny_target, tmp_path_factory.mktemp("serve"), "--mode", "sd", "--ctx", str(CTX),
-                     "--threads", "1", "--parallel", "4", "--max-body", str(MAX_BODY))
+                     "--threads", "1", "--parallel", "4", "--max-body", str(MAX_BODY),
+                     "--timeout", str(BODY_TIMEOUT))
     yield srv
     stop_clean(srv)
 
@@ -243,6 +248,44 @@ def test_a_client_that_leaves_while_sending_its_body(server):
     assert "Traceback" not in server.output(), server.output()
 
 
+def _exchange(port: int, head: bytes, body_parts=(), gap: float = 0.0) -> tuple[int, dict, float]:
+    """Send ``head``, then each body part ``gap`` seconds apart; (status, JSON body, seconds
+    from the first byte sent to the server closing the connection)."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(BODY_TIMEOUT + 30)
+        t0 = time.monotonic()
+        s.sendall(head)
+        for part in body_parts:
+            time.sleep(gap)
+            s.sendall(part)
+        data = b""
+        while chunk_ := s.recv(65536):
+            data += chunk_
+        elapsed = time.monotonic() - t0
+    status_line, _, rest = data.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2]), elapsed
+
+
+def test_a_stalled_body_is_408_and_a_slow_one_is_served(server):
+    """uvicorn waits for a declared body for ever: a client that stops sending it (a length or
+    chunks) is answered 408 after --timeout seconds without a byte and its connection closed,
+    rather than holding both for good; an upload that keeps sending, however slowly, is served."""
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for framing in (b"Content-Length: 100\r\n\r\n{\"prompt\": \"hi", b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\n"):
+        status, body, elapsed = _exchange(server.port, head + framing)
+        assert status == 408 and body["error"]["code"] == "request_timeout", body
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert BODY_TIMEOUT <= elapsed < BODY_TIMEOUT + 20, elapsed
+    whole = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    parts = [whole[i:i + 8] for i in range(0, len(whole), 8)]
+    gap = 0.6 * BODY_TIMEOUT  # each part within the timeout, the whole body well past it
+    assert gap * len(parts) > 1.5 * BODY_TIMEOUT
+    head += b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(whole)
+    status, body, _ = _exchange(server.port, head, parts, gap)
+    assert status == 200 and body["usage"]["completion_tokens"] >= 1, body
+    assert "Traceback" not in server.output(), server.output()
+
+
 def test_a_request_joins_the_running_batch(server, client, model_name):
     """With --parallel 4, a short request sent while a long one streams is served at once,
     not after it: right after it returns, the long one still holds its slot."""
@@ -284,6 +327,14 @@ BAD = [
     ("top_n too big", "/v1/completions", {"prompt": "hi", "top_n": 100000}, 400, "top_n", "invalid_value"),
     ("gamma 0", "/v1/completions", {"prompt": "hi", "gamma": 0}, 400, "gamma", "invalid_value"),
     ("top_p 0", "/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p", "invalid_value"),
+    # float32 logits over these overflow: NaN probabilities (a 500), or a numpy warning and a uniform draw
+    ("temperature 1e-40", "/v1/completions", {"prompt": "hi", "temperature": 1e-40}, 400, "temperature",
+     "invalid_value"),
+    ("temperature 1e308", "/v1/completions", {"prompt": "hi", "temperature": 1e308}, 400, "temperature",
+     "invalid_value"),
+    ("max_tokens over the context", "/v1/completions", {"prompt": "hi", "max_tokens": 10 * CTX}, 400, "max_tokens",
+     "invalid_value"),
+    ("max_tokens 1e308", "/v1/completions", {"prompt": "hi", "max_tokens": 1e308}, 400, "max_tokens", None),
     ("n > 1", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", None),
     ("tools", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      400, "tools", None),
@@ -300,7 +351,7 @@ def test_bad_input_gets_openai_error(server, name, path, body, status, param, co
     got, _, resp = http("POST", server.base + path, None if raw else body, raw=raw)
     assert got == status, (name, resp)
     err = resp["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert set(err) == {"message", "type", "param", "code"} and 0 < len(err["message"]) < 300, err
     assert err["param"] == param and err["code"] == code, err
     # the server goes on serving
     ok, _, out = http("POST", server.base + "/v1/completions", {"prompt": "hi", "max_tokens": 2})

@@ -1,5 +1,5 @@
-"""`easd-local serve`: API key, loading state, a full queue, failures at start (tiny pair,
-real llama.cpp, real sockets)."""
+"""`easd-local serve`: API key, browser origins (CORS), loading state, a full queue, failures
+at start (tiny pair, real llama.cpp, real sockets, a real Chromium where installed)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import json
 import subprocess
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import openai
 import pytest
 import uvicorn
+from browser_helpers import chrome, find_browser, wait
 from serve_helpers import EXE, http, start_tiny, stop_clean
 
 from easd_local.cli.serve import is_loopback, listen_socket
@@ -21,13 +23,15 @@ from easd_local.server.app import ServeConfig, create_app
 from easd_local.server.engine import Engine
 
 KEY = "s3cret-key"
+LISTED_ORIGIN = "https://chat.example.org"  # --cors-origin
+BROWSER, DRIVER, NO_BROWSER = find_browser()
 
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_draft, tiny_target, tmp_path_factory):
     # the key through the environment variable (the flag is the same option)
     srv = start_tiny(tiny_draft, tiny_target, tmp_path_factory.mktemp("serve-key"), "--mode", "target", "--ctx", "256",
-                     "--threads", "1", env={"EASD_LOCAL_API_KEY": KEY})
+                     "--threads", "1", "--cors-origin", LISTED_ORIGIN, env={"EASD_LOCAL_API_KEY": KEY})
     yield srv
     stop_clean(srv)
 
@@ -51,6 +55,83 @@ def test_right_key_is_200_and_health_needs_none(keyed_server, tiny_draft, tiny_t
     bad = openai.OpenAI(base_url=keyed_server.base + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+
+
+def test_no_max_tokens_on_a_small_context_is_served(keyed_server):
+    """--ctx 256 under the built-in default of 512 tokens: a request that gives no max_tokens
+    decodes up to the context's end; only a max_tokens the client gave is refused past it."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    status, _, body = http("POST", keyed_server.base + "/v1/completions", {"prompt": "Tell me a story"},
+                           headers=auth)
+    assert status == 200, body
+    assert body["usage"]["total_tokens"] <= 256 and body["usage"]["completion_tokens"] >= 1
+    status, _, body = http("POST", keyed_server.base + "/v1/completions", {"prompt": "hi", "max_tokens": 512},
+                           headers=auth)
+    assert status == 400 and body["error"]["param"] == "max_tokens", body
+
+
+def _preflight(base: str, origin: str) -> tuple[int, dict]:
+    status, headers, _ = http("OPTIONS", base + "/v1/chat/completions", headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    return status, headers
+
+
+@pytest.mark.parametrize("origin", ["http://localhost:5173", "http://127.0.0.1:3000", "http://[::1]:8000",
+                                    LISTED_ORIGIN])
+def test_a_page_of_an_allowed_origin_may_call_the_api(keyed_server, origin):
+    """As llama-server does, a browser page from another origin (a local UI, or one --cors-origin
+    names) has its preflight answered without the key, and every answer names the origin, the
+    401 too (the page can read why)."""
+    status, headers = _preflight(keyed_server.base, origin)
+    assert status == 200 and headers["access-control-allow-origin"] == origin, headers
+    assert "authorization" in headers["access-control-allow-headers"] and "POST" in headers[
+        "access-control-allow-methods"]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for auth, want in ((f"Bearer {KEY}", 200), ("Bearer wrong", 401)):
+        status, headers, _ = http("POST", keyed_server.base + "/v1/chat/completions", body,
+                                  headers={"Origin": origin, "Authorization": auth})
+        assert status == want and headers["access-control-allow-origin"] == origin, headers
+
+
+@pytest.mark.parametrize("origin", ["https://evil.example", "http://localhost.evil.example", "null"])
+def test_a_page_of_another_origin_may_not_read_the_api(keyed_server, origin):
+    status, headers = _preflight(keyed_server.base, origin)
+    assert status != 200 and "access-control-allow-origin" not in headers
+    _, headers, _ = http("GET", keyed_server.base + "/v1/models",
+                         headers={"Origin": origin, "Authorization": f"Bearer {KEY}"})
+    assert "access-control-allow-origin" not in headers
+
+
+@pytest.mark.skipif(bool(NO_BROWSER), reason=NO_BROWSER or "")
+def test_a_browser_page_on_another_port_streams_a_reply(keyed_server):
+    """A real Chromium, a page served from another loopback port (another origin) calling the API
+    with the key, as a chat UI run next to the server does: the preflight and the stream pass."""
+    page = ("<!doctype html><script>fetch(%r, {method: 'POST', headers: {'Authorization': 'Bearer %s', "
+            "'Content-Type': 'application/json'}, body: JSON.stringify({messages: [{role: 'user', content: 'hi'}], "
+            "max_tokens: 3, stream: true})}).then(r => r.text()).then(t => document.title = 'ok ' + t, "
+            "e => document.title = 'failed ' + e)</script>") % (keyed_server.base + "/v1/chat/completions", KEY)
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(page.encode())
+
+        def log_message(self, *args):
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    d = chrome(BROWSER, DRIVER)
+    try:
+        d.get(f"http://localhost:{other.server_address[1]}/")
+        title = wait(d, "document.title", 60, what="the page's fetch")
+        assert title.startswith("ok ") and "data: [DONE]" in title, title
+    finally:
+        d.quit()
+        other.shutdown()
 
 
 def test_loopback_detection():
@@ -155,7 +236,9 @@ def test_taken_port_is_one_clear_error(tiny_draft, tiny_target, tmp_path):
 
 @pytest.mark.parametrize("flag,value,message", [("--parallel", "0", "--parallel must be between 1 and 256"),
                                                 ("--queue", "-1", "--queue must be >= 0"),
-                                                ("--api-key", " ", "is empty")])
+                                                ("--api-key", " ", "is empty"),
+                                                ("--timeout", "0", "--timeout must be a number of seconds > 0"),
+                                                ("--cors-origin", "https://chat.example.org/", "no path")])
 def test_bad_server_flags(flag, value, message, tmp_path):
     r = _serve([flag, value, "--draft", str(tmp_path / "x.gguf"), "--target", str(tmp_path / "y.gguf")], tmp_path)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr

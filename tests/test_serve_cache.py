@@ -190,7 +190,7 @@ def test_a_cancelled_stream_leaves_a_slot_to_use_and_reuse(server, client, model
 def test_max_tokens_over_the_context_is_refused(server, client, model_name):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=model_name, prompt="hi", max_tokens=10**9)
-    assert "larger than the context" in e.value.message
+    assert "larger than the context" in e.value.message and e.value.param == "max_tokens"
     r = client.completions.create(model=model_name, prompt="hi", max_tokens=3)
     assert r.usage.completion_tokens >= 1
 

@@ -115,6 +115,24 @@ def test_request_config_source_and_param():
     assert e.value.param == "top_n" and "vocabulary size 306" in e.value.message
 
 
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens", "seed", "gamma", "top_k"])
+def test_an_integer_past_64_bits_is_refused_in_few_words(name):
+    """1e308 is an integer to JSON: it was taken, and echoed as 309 digits in errors and timings."""
+    with pytest.raises(ApiError) as e:
+        parse_request("completion", {"prompt": "a", name: 1e308})
+    assert e.value.param == name and "1e+308" in e.value.message and len(e.value.message) < 100
+    assert parse_request("completion", {"prompt": "a", name: 2**63 - 1}).overrides
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324, 1e39, 1e308])
+def test_a_temperature_float32_cannot_take_is_refused(temperature):
+    with pytest.raises(ApiError) as e:
+        request_config(DecodeConfig(mode="sd"), "default", {"temperature": temperature})
+    assert e.value.param == "temperature" and "temperature must be 0 (greedy) or between" in e.value.message
+    for fine in (0.0, 1e-6, 0.7, 2.0, 1e6):
+        assert request_config(DecodeConfig(mode="sd"), "default", {"temperature": fine})[0].temperature == fine
+
+
 def test_timings_and_finish_reason():
     s = Stats(mode="sd", prompt_tokens=10, tokens=8, drafted=12, accepted=6, draft_accepted=6, sd_rejections=1,
               bonus=1, seconds_prompt=0.5, seconds_total=2.5, thresholds_source="profile",

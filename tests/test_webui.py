@@ -76,7 +76,14 @@ def open_page(d, server) -> None:
 
 
 def no_console_errors(d) -> None:
-    severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    no_console_errors_but(d)
+
+
+def no_console_errors_but(d, *expected: str) -> None:
+    """No error in the browser's log but those naming one of ``expected`` (the browser's own
+    line for a refused request, say)."""
+    severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"
+              and not any(x in e["message"] for x in expected)]
     assert not severe, severe
 
 
@@ -364,6 +371,96 @@ def test_settings_go_with_the_request(server, browser):
 
 
 @needs_browser
+def test_a_failed_request_keeps_the_question_and_the_focus(server, browser):
+    """Clicking Send leaves the keyboard in the message box (the button is disabled while the
+    reply streams, so the focus fell to the page), and a question the server refused (here: over
+    the context) is back in the box to edit and send again, not lost."""
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    open_page(d, server)
+    d.find_element(By.ID, "input").send_keys("hello there")
+    d.find_element(By.ID, "send").click()
+    assert d.execute_script("return document.activeElement.id") == "input"
+    wait(d, "document.querySelector('.msg.assistant')?.dataset.state === 'done'")
+    assert d.execute_script("return document.activeElement.id") == "input"
+    long = "word " * 1500  # over the server's --ctx 1024
+    d.execute_script("document.getElementById('input').value = arguments[0]", long)
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelectorAll('.msg.assistant')[1]?.dataset.state === 'error'")
+    err = d.find_elements(By.CSS_SELECTOR, ".msg.assistant")[1].find_element(By.CSS_SELECTOR, ".error").text
+    assert "context" in err, err
+    assert d.find_element(By.ID, "input").get_attribute("value") == long
+    d.execute_script("document.getElementById('input').value = 'shorter'")
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelectorAll('.msg.assistant')[2]?.dataset.state === 'done'")
+    no_console_errors_but(d, "status of 400")
+
+
+@needs_browser
+def test_a_server_that_goes_away_is_named_as_such(tiny_draft, tiny_target, browser, tmp_path):
+    """A server killed mid-reply: the reply says the connection was lost (the browser's own
+    words were only "network error"), keeps what came, and the question is back in the box; a
+    request to the dead server says it cannot reach it (not "Failed to fetch" alone)."""
+    from selenium.webdriver.common.by import By
+
+    srv = start_tiny(tiny_draft, tiny_target, tmp_path, "--mode", "target", "--max-tokens", "30000",
+                     "--ctx", "32768", "--threads", "1")
+    try:
+        d = browser
+        open_page(d, srv)
+        d.find_element(By.ID, "input").send_keys(PROMPT)
+        d.find_element(By.ID, "send").click()
+        wait(d, "document.querySelectorAll('.msg.assistant .tok').length > 50", what="part of the reply")
+        srv.proc.kill()
+        wait(d, "document.querySelector('.msg.assistant').dataset.state === 'error'", 30)
+        reply = d.find_element(By.CSS_SELECTOR, ".msg.assistant")
+        assert "connection to the server was lost before the reply ended" in reply.find_element(
+            By.CSS_SELECTOR, ".error").text
+        assert len(reply.find_elements(By.CSS_SELECTOR, ".tok")) > 50
+        assert d.find_element(By.ID, "input").get_attribute("value") == PROMPT
+        d.find_element(By.ID, "send").click()
+        wait(d, "document.querySelectorAll('.msg.assistant')[1]?.dataset.state === 'error'", 30)
+        err = d.find_elements(By.CSS_SELECTOR, ".msg.assistant")[1].find_element(By.CSS_SELECTOR, ".error").text
+        assert err.startswith("cannot reach the server"), err
+    finally:
+        srv.stop()
+
+
+@needs_browser
+def test_model_maths_cannot_link_run_or_blow_up_the_page(server, browser):
+    """KaTeX keeps its trust off (\\href, \\url, \\html*, \\includegraphics are drawn as
+    errors, not links or attributes), a size the model wrote is capped (a 9999em \\rule made the page
+    160,000 px tall), maths in code stays code, a formula KaTeX cannot parse is its source marked as
+    an error (KaTeX's own error element set a style attribute: a CSP error on the console, and no
+    colour), and the console stays quiet."""
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    open_page(d, server)
+    text = ("[a](javascript:document.body.dataset.owned=1) $\\href{javascript:document.body.dataset.owned=2}{x}$ "
+            "\\(\\url{javascript:alert(1)}\\) $\\htmlData{owned=3}{y}$ $\\includegraphics{x.png}$\n\n"
+            "`$a$` and\n\n```\n$$ b $$\n```\n\n$$\\rule{9999em}{9999em}$$\n\n$\\kern{9999em}z$ 😀 $α^2$ $\\frac{1}$")
+    serve_canned_reply(d, token_records(text))
+    d.find_element(By.ID, "input").send_keys("go")
+    d.find_element(By.ID, "send").click()
+    wait(d, "document.querySelector('.msg.assistant')?.dataset.rendered", what="the rendered reply")
+    reply = ".msg.assistant .reply"
+    assert len(d.find_elements(By.CSS_SELECTOR, f"{reply} .katex")) == 7
+    assert not d.find_elements(By.CSS_SELECTOR, f"{reply} a, {reply} img, {reply} [data-owned], {reply} script")
+    assert d.execute_script("return document.body.dataset.owned") is None
+    assert not d.find_elements(By.CSS_SELECTOR, f"{reply} code .katex")
+    assert [e.text for e in d.find_elements(By.CSS_SELECTOR, f"{reply} code")] == ["$a$", "$$ b $$"]
+    sizes = d.execute_script(f"return [...document.querySelectorAll('{reply} .math')].map(m => "
+                             "[m.getBoundingClientRect().width, m.getBoundingClientRect().height])")
+    assert max(h for _, h in sizes) < 600 and max(w for w, _ in sizes) <= 1280, sizes
+    assert d.execute_script("return document.documentElement.scrollWidth <= window.innerWidth"), "scrolls sideways"
+    bad = d.find_element(By.CSS_SELECTOR, f"{reply} .math .math-error")
+    assert bad.text == "$\\frac{1}$" and "KaTeX parse error" in bad.get_attribute("title")
+    assert d.get_log("browser") == []  # KaTeX's strict mode warned, its error element broke the CSP
+
+
+@needs_browser
 def test_side_by_side(server, client, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.select import Select
@@ -435,12 +532,18 @@ def test_origins_readable_without_colour_and_on_a_phone(server, browser, tmp_pat
 @needs_browser
 def test_the_page_asks_for_the_api_key(tiny_draft, tiny_target, browser, tmp_path):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     srv = start(tiny_draft, tiny_target, tmp_path, "--api-key", "sesame")
     try:
         d = browser
         d.get(srv.base + "/")  # the page itself needs no key
         wait(d, "document.getElementById('key-dialog').open", what="the key dialog")
+        # Esc closes the dialog: the page says what it needs and asks again (it waited forever)
+        d.find_element(By.ID, "key-input").send_keys(Keys.ESCAPE)
+        wait(d, "document.getElementById('server-line').textContent.includes('needs its API key')", 10,
+             what="the page to say it needs the key")
+        wait(d, "document.getElementById('key-dialog').open", 10, what="the key dialog again")
         d.find_element(By.ID, "key-input").send_keys("wrong")
         d.find_element(By.ID, "key-submit").click()
         wait(d, "document.getElementById('key-error').textContent", what="the refusal")
@@ -477,3 +580,38 @@ def test_a_recorded_easd_loss_is_said_where_the_mode_is_picked(tiny_draft, tiny_
     finally:
         out = stop_clean(srv)
     assert v.summary() in " ".join(out.split()), out  # the load line (wrapped or not)
+
+
+@needs_browser
+def test_the_page_says_the_recorded_loss_where_an_easd_mode_is_picked(tiny_draft, tiny_target, browser, tmp_path,
+                                                                      monkeypatch):
+    """The mode note in the settings, and under side by side's two pickers (which said only "not
+    lossless"), give the recorded loss of the EASD mode picked; lossless picks have no note."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    from easd_local.engine.verdict import Verdict
+    from easd_local.store.profiles import file_id, record_verdict
+
+    v = Verdict(dataset="gsm8k", problems=1319, method="easd-tf", against="target", accuracy=0.588,
+                against_accuracy=0.637, wins=124, losses=189, p=0.0003, temperature=0.0)
+    monkeypatch.setenv("EASD_LOCAL_HOME", str(tmp_path / "home"))
+    record_verdict(file_id(tiny_draft), file_id(tiny_target), v)
+    srv = start_tiny(tiny_draft, tiny_target, tmp_path, "--mode", "sd", "--threads", "1")
+    try:
+        d = browser
+        open_page(d, srv)
+        Select(d.find_element(By.ID, "set-mode")).select_by_value("easd-tf")
+        note = d.find_element(By.ID, "mode-note").text
+        assert "not lossless" in note and v.summary() in note, note
+        d.find_element(By.ID, "tab-compare").click()
+        compare_note = lambda: d.find_element(By.ID, "compare-note").text  # noqa: E731
+        Select(d.find_element(By.ID, "mode-a")).select_by_value("sd")
+        Select(d.find_element(By.ID, "mode-b")).select_by_value("target")
+        assert compare_note() == ""
+        Select(d.find_element(By.ID, "mode-b")).select_by_value("easd-tf")
+        assert "easd-tf is not lossless" in compare_note() and v.summary() in compare_note(), compare_note()
+        Select(d.find_element(By.ID, "mode-a")).select_by_value("easd")
+        assert "easd is not lossless" in compare_note() and compare_note().count(v.summary()) == 1
+    finally:
+        stop_clean(srv)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
+import re
 import socket
 from dataclasses import replace
 from typing import Annotated, Optional
@@ -18,6 +20,9 @@ from ..engine.pair import open_models
 from . import options as o
 from .common import err_console, friendly
 from .render import placement_line, repack_news
+
+
+BODY_TIMEOUT_S = 600.0  # llama-server's --timeout default
 
 
 def is_loopback(host: str) -> bool:
@@ -57,6 +62,13 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="EASD_LOCAL_API_KEY",
                            help="Require 'Authorization: Bearer KEY' (all endpoints but /health). \\[default: none: no key]")] = None,
         max_body: Annotated[int, typer.Option("--max-body", help="Largest request body in bytes (413 past it).")] = 4 * 1024 * 1024,
+        timeout: Annotated[float, typer.Option("--timeout", "-to", help="Seconds a request body may go without a "
+                           "byte arriving before the request is answered 408 (llama-server's --timeout).")
+                           ] = BODY_TIMEOUT_S,
+        cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", metavar="ORIGIN",
+                               help="A browser origin (https://chat.example.org) whose pages may call the API, "
+                                    "besides this machine's own (http://localhost:PORT...); repeatable; '*': any, "
+                                    "as llama-server.")] = None,
         log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level (info shows each request).")] = "info",
         webui: Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (tokens coloured "
                                                                       "by origin).")] = True,
@@ -93,10 +105,17 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             raise ConfigError(f"--port must be in 0..65535, got {port}")
         if max_body < 1024:
             raise ConfigError(f"--max-body must be >= 1024 bytes, got {max_body}")
+        if not 0 < timeout < math.inf:
+            raise ConfigError(f"--timeout must be a number of seconds > 0, got {timeout:g}")
         if cache_ram < 0:
             raise ConfigError(f"--cache-ram must be >= 0 (MiB; 0: off), got {cache_ram}")
         if not 0.0 <= slot_similarity <= 1.0:
             raise ConfigError(f"--slot-prompt-similarity must be between 0 and 1, got {slot_similarity}")
+        for origin in cors_origin or ():
+            # a browser sends scheme://host[:port] and nothing more: a path or a bare host never matches
+            if origin != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", origin):
+                raise ConfigError(f"--cors-origin must be '*' or an origin such as https://chat.example.org "
+                                  f"(scheme, host, port; no path), got {origin!r}")
         if api_key is not None and not api_key.strip():
             raise ConfigError("--api-key (or EASD_LOCAL_API_KEY) is empty")
         log_level = log_level.lower()
@@ -106,7 +125,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         sock = listen_socket(host, port)
         _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host, webui,
              cache_prompt=cache_prompt, slot_similarity=slot_similarity, cache_ram=cache_ram,
-             verify_costs=o.verify_costs(spec, kw))
+             verify_costs=o.verify_costs(spec, kw), body_timeout=timeout, cors_origins=tuple(cors_origin or ()))
 
 
 def _stopping_engine_first(server_class, engine):
@@ -122,7 +141,8 @@ def _stopping_engine_first(server_class, engine):
 
 
 def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, max_body, log_level, host,
-         webui=True, cache_prompt=True, slot_similarity=0.1, cache_ram=0, verify_costs=None) -> None:
+         webui=True, cache_prompt=True, slot_similarity=0.1, cache_ram=0, verify_costs=None, *,
+         body_timeout: float, cors_origins: tuple[str, ...] = ()) -> None:
     import uvicorn
 
     from ..server.app import ServeConfig, create_app
@@ -150,7 +170,8 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
                     slot_similarity=slot_similarity, cache_ram=cache_ram << 20)
     losses = {m: lost for m in MODES if (lost := o.easd_loss(spec, m))}
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
-                                         api_key=api_key, max_body=max_body, webui=webui, easd_losses=losses))
+                                         api_key=api_key, max_body=max_body, webui=webui, easd_losses=losses,
+                                         body_timeout=body_timeout, cors_origins=cors_origins))
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
     server = _stopping_engine_first(uvicorn.Server, engine)(config)
     server_box.append(server)

@@ -38,6 +38,11 @@ DEFAULT_TAU_DRAFT = 0.75
 DEFAULT_TAU_TARGET = 0.6
 # As in llama.cpp, seed -1 asks for a random seed (fresh entropy for every generation).
 RANDOM_SEED = -1
+# A temperature far outside this range is refused rather than decoded: the logits are float32,
+# so dividing them by 1e-40 overflows into NaN probabilities (a failed request) and by 1e308
+# into a numpy warning and a uniform draw. Within it every temperature means what it says.
+MIN_TEMPERATURE = 1e-6
+MAX_TEMPERATURE = 1e6
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,9 @@ class DecodeConfig:
             raise ConfigError(f"max-tokens must be >= 1, got {self.max_tokens}")
         if not (self.temperature >= 0.0) or math.isinf(self.temperature):
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.temperature != 0.0 and not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
+            raise ConfigError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
+                              f"{MAX_TEMPERATURE:g}, got {self.temperature:g}")
         if self.top_k < 0:
             raise ConfigError(f"top-k must be >= 0 (0 = off), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):

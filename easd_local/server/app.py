@@ -22,6 +22,8 @@ from typing import AsyncIterator, Mapping
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -31,7 +33,7 @@ from ..engine.decoding import Finished, TokenEvent
 from ..errors import ContextOverflowError, EasdError
 from .engine import Admitted, Engine, Failed, Job, NotReady, QueueFull, Rejected, Request, ShuttingDown
 from .metrics import CONTENT_TYPE
-from .protocol import ApiError, ApiRequest, bad, parse_request, request_config
+from .protocol import ApiError, ApiRequest, bad, param_of, parse_request, request_config
 from .responses import (Tally, chunk, completion, finish_reason, new_id, timings_from_stats, timings_from_tally,
                         usage, usage_chunk)
 from .spans import TokenSpans
@@ -39,8 +41,12 @@ from .stops import StopMatcher
 from . import webui
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT_S = 600.0  # llama-server's --timeout
 DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to this, so the client sees the 413
 RETRY_AFTER_S = 1
+# pages served from this machine (another local UI, a notebook) may call the API from their own
+# origin, as Ollama allows by default; any other origin only through --cors-origin
+LOOPBACK_ORIGINS = r"https?://(localhost|127(\.\d{1,3}){3}|\[::1\])(:\d{1,5})?"
 SHUTDOWN_GRACE_S = 3.0  # less than uvicorn's graceful-shutdown timeout (cli/serve.py: 5 s)
 
 
@@ -51,10 +57,12 @@ class ServeConfig:
     thresholds_source: str
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S  # seconds a request body may stall (--timeout)
     webui: bool = True  # the chat page at GET / (--no-webui: off)
     # EASD mode -> what a recorded comparison on this pair found where it was significantly
     # worse (``cli.options.easd_loss``): /props says it beside "not lossless", the page with it
     easd_losses: Mapping[str, str] = field(default_factory=dict)
+    cors_origins: tuple[str, ...] = ()  # browser origins besides the loopback ones ("*": any, as llama-server)
 
 
 class ClientGone(Exception):
@@ -82,22 +90,24 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json(request: HttpRequest, limit: int):
-    """The body as JSON, refused with 413 past ``limit`` bytes before anything is parsed."""
+async def read_json(request: HttpRequest, limit: int, idle_s: float = DEFAULT_BODY_TIMEOUT_S):
+    """The body as JSON, refused with 413 past ``limit`` bytes before anything is parsed, and
+    with 408 when ``idle_s`` seconds pass without a byte of it arriving."""
     declared = request.headers.get("content-length")
     too_big = ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    parts = _body_parts(request, idle_s)
     if declared is not None:
         if not declared.strip().isdigit():
             raise bad("invalid Content-Length header")
         if int(declared) > limit:
-            await _drain(request, int(declared))
+            await _drain(parts, int(declared))
             raise too_big
     chunks, size = [], 0
     try:
-        async for part in request.stream():
+        async for part in parts:
             size += len(part)
             if size > limit:
-                await _drain(request, size)
+                await _drain(parts, size)
                 raise too_big
             chunks.append(part)
     except ClientDisconnect:  # gone before its body was all sent: nobody to answer
@@ -108,15 +118,32 @@ async def read_json(request: HttpRequest, limit: int):
         raise bad(f"malformed JSON body: {e}") from None
 
 
-async def _drain(request: HttpRequest, seen: int) -> None:
+async def _body_parts(request: HttpRequest, idle_s: float) -> AsyncIterator[bytes]:
+    """The body's parts as they arrive. uvicorn never gives up on a body, so a client that
+    declares one and stalls would hold its connection and this coroutine for ever: past
+    ``idle_s`` seconds without a part, a 408 (a slow upload that keeps sending is never cut)."""
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            part = await asyncio.wait_for(stream.__anext__(), idle_s)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            # the rest of the body may still come: the connection cannot carry another request
+            raise ApiError(408, f"no part of the request body arrived for {idle_s:g} s (--timeout)",
+                           code="request_timeout", headers={"Connection": "close"}) from None
+        yield part
+
+
+async def _drain(parts: AsyncIterator[bytes], seen: int) -> None:
     if seen > DRAIN_LIMIT:
         return
     try:
-        async for part in request.stream():
+        async for part in parts:
             seen += len(part)
             if seen > DRAIN_LIMIT:
                 return
-    except Exception:  # noqa: BLE001 - the stream may already be consumed or the client gone
+    except Exception:  # noqa: BLE001 - the client may be gone or stalled: the 413 goes out regardless
         return
 
 
@@ -315,11 +342,16 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
         try:
             check_key(request)
             check_ready()
-            req = parse_request(kind, await read_json(request, conf.max_body))
+            req = parse_request(kind, await read_json(request, conf.max_body, conf.body_timeout))
             if req.model is not None and req.model != conf.model_name:
                 raise ApiError(400, f"unknown model {req.model!r}: this server serves {conf.model_name!r}",
                                param="model", code="model_not_found")
             cfg, source = request_config(conf.base, conf.thresholds_source, req.overrides, engine.pair.n_vocab)
+            if "max_tokens" not in req.overrides and cfg.max_tokens > engine.slot_context:
+                # the server's default, not the client's: capped at a slot's context (the answer
+                # ends with "length" there, as llama-server's does) rather than refusing every
+                # request that gives no max_tokens to a server started with a small --ctx
+                cfg = cfg.replace(max_tokens=engine.slot_context)
             if "seed" not in req.overrides and not cfg.greedy:
                 cfg = cfg.replace(seed=secrets.randbits(31))  # no seed given: a fresh sample each request
             try:
@@ -359,7 +391,8 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
             if isinstance(first.error, ContextOverflowError):
                 return error_response(bad(str(first.error), "messages" if kind == "chat" else "prompt",
                                           code="context_length_exceeded"))
-            return error_response(bad(str(first.error), code="invalid_value"))
+            why = str(first.error)
+            return error_response(bad(why, param_of(why, req.overrides), code="invalid_value"))
         if not isinstance(first, Admitted):
             return error_response(ended_early(first))
         run = Completion(engine, job, queue, req, cfg, source, len(prompt), first.queue_s, conf.model_name)
@@ -398,4 +431,9 @@ def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
     ]
     if conf.webui:
         routes += webui.page_routes()
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    # a browser page from another origin (a hosted chat UI) gets the CORS headers it needs,
+    # its preflight (OPTIONS) answered before any key is asked for, as llama-server does
+    cors = Middleware(CORSMiddleware, allow_origins=list(conf.cors_origins), allow_origin_regex=LOOPBACK_ORIGINS,
+                      allow_methods=["GET", "POST"], allow_headers=["*"], allow_private_network=True, max_age=600)
+    return Starlette(routes=routes, middleware=[cors],
+                     exception_handlers={HTTPException: http_error, Exception: server_error})

@@ -121,6 +121,11 @@ class Engine:
     def stopping(self) -> bool:
         return self._stopping
 
+    @property
+    def slot_context(self) -> int:
+        """Tokens one slot holds, prompt included (the loaded models' smaller context)."""
+        return min(m.n_ctx for m in (self.pair.target, self.pair.draft) if m is not None)
+
     def start(self) -> None:
         self._thread.start()
 
@@ -251,9 +256,9 @@ class Engine:
         """A token budget larger than a slot's whole context can never be honoured (OpenAI
         refuses such a max_tokens too); a smaller one that the prompt leaves no room for
         ends at the context's end with finish_reason "length"."""
-        n_ctx = min(m.n_ctx for m in (self.pair.target, self.pair.draft) if m is not None)
+        n_ctx = self.slot_context
         if request.cfg.max_tokens > n_ctx:
-            raise ConfigError(f"max_tokens {request.cfg.max_tokens} is larger than the context of a slot "
+            raise ConfigError(f"max-tokens {request.cfg.max_tokens} is larger than the context of a slot "
                               f"({n_ctx} tokens, prompt included); lower it or raise --ctx")
 
     def _step(self) -> None:

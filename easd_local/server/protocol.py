@@ -40,6 +40,7 @@ EXTENSIONS = {
 STANDARD = {"temperature": ("temperature", float), "top_p": ("top_p", float), "seed": ("seed", int)}
 NO_OP_VALUES = {"frequency_penalty": 0, "presence_penalty": 0, "best_of": 1}  # OpenAI's defaults
 THRESHOLD_FIELDS = ("tau_draft", "tau_target", "top_n", "overlap", "penalty")
+INT_LIMIT = 2**63  # integer fields are 64-bit (OpenAI's seed is); 1e308 would be a 309-digit int
 
 
 class ApiError(Exception):
@@ -93,6 +94,8 @@ def _number(body: Mapping, name: str, kind: type) -> Any:
     if kind is int:
         if isinstance(v, float) and not v.is_integer():
             raise bad(f"'{name}' must be an integer", name)
+        if not -INT_LIMIT <= v < INT_LIMIT:
+            raise bad(f"'{name}' is out of range (a 64-bit integer), got {float(v):.3g}", name)
         return int(v)
     return float(v)
 
@@ -250,13 +253,13 @@ def request_config(base: DecodeConfig, source: str, overrides: Mapping[str, Any]
     try:
         cfg = base.replace(**overrides).validate(n_vocab)
     except ConfigError as e:
-        raise bad(str(e), _param_of(str(e), overrides), code="invalid_value") from None
+        raise bad(str(e), param_of(str(e), overrides), code="invalid_value") from None
     if any(k in overrides for k in THRESHOLD_FIELDS):
         source = "request"
     return cfg, source
 
 
-def _param_of(message: str, overrides: Mapping[str, Any]) -> str | None:
+def param_of(message: str, overrides: Mapping[str, Any]) -> str | None:
     """The request field a DecodeConfig message is about (its messages start with the
     dashed field name); None when it names none of the given fields."""
     head = message.split(" ", 1)[0]

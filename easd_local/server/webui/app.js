@@ -47,20 +47,26 @@
     }
   }
 
+  // Esc closes the dialog without a key: the request fails with NO_KEY (else it would wait forever)
+  const NO_KEY = "this server needs its API key (it was started with --api-key), and none was given";
+
   function askKey(message) {
     const dlg = $("key-dialog");
     $("key-error").textContent = message;
     $("key-input").value = "";
-    return new Promise((resolve) => {
+    return new Promise((resolve, reject) => {
+      let given = false;
       $("key-form").onsubmit = (ev) => {
         ev.preventDefault();
         const key = $("key-input").value.trim();
         if (!key) return;
         state.key = key;
         sessionStorage.setItem("easd-local-key", key);
+        given = true;
         dlg.close();
         resolve();
       };
+      dlg.onclose = () => { if (!given) reject(Object.assign(new Error(NO_KEY), { noKey: true })); };
       if (!dlg.open) dlg.showModal();
       $("key-input").focus();
     });
@@ -76,7 +82,7 @@
         $("server-line").textContent = r.status === 503 && /loading/.test(msg) ? "models loading…" : msg;
         if (r.status !== 503) wait = 3000;
       } catch (e) {
-        $("server-line").textContent = "cannot reach the server: " + e.message;
+        $("server-line").textContent = e.noKey ? e.message : "cannot reach the server: " + e.message;
         wait = 3000;
       }
       await new Promise((res) => setTimeout(res, wait));
@@ -84,15 +90,19 @@
   }
 
   // POST a streamed chat completion and feed its chunks to `view`; the final timings
+  // (a browser's own words for a lost connection, "Failed to fetch" or "network error", say
+  // neither what failed nor when: a TypeError is one of those)
   async function stream(body, view, signal) {
+    const lost = (what) => (e) => { throw e instanceof TypeError && !signal.aborted ? new Error(`${what} (${e.message})`) : e; };
     const r = await call("/v1/chat/completions",
-                         { method: "POST", body: JSON.stringify({ ...body, stream: true }), signal });
+                         { method: "POST", body: JSON.stringify({ ...body, stream: true }), signal })
+      .catch(lost("cannot reach the server"));
     if (!r.ok) throw new Error(await errorText(r));
     const reader = r.body.getReader();
     const dec = new TextDecoder();
     let buf = "";
     for (;;) {
-      const { value, done } = await reader.read();
+      const { value, done } = await reader.read().catch(lost("the connection to the server was lost before the reply ended"));
       if (done) break;
       buf += dec.decode(value, { stream: true });
       let nl;
@@ -302,6 +312,12 @@
                                            : `thresholds: the server's, from: ${src}`;
   }
 
+  // side by side: what the two modes picked are not (the chat's mode note, for each side)
+  function showCompareNote() {
+    const notes = [$("mode-a").value, $("mode-b").value].map(modeRow).filter((m) => !m.lossless && m.note);
+    $("compare-note").textContent = [...new Set(notes.map((m) => m.note))].join(". ");
+  }
+
   function fillSettings() {
     for (const k of SETTINGS) $("set-" + k).value = defaultsText(k);
     $("set-mode").value = state.props.defaults.mode;
@@ -351,6 +367,7 @@
     const text = $("input").value;
     if (!text.trim() || state.running || !state.props) return;
     $("input").value = "";
+    $("input").focus(); // Send is disabled while the reply streams: the keyboard stays in the box
     state.history.push({ role: "user", content: text });
     const u = document.createElement("li");
     u.className = "msg user";
@@ -382,6 +399,7 @@
       } else {
         state.history.pop(); // the question goes unanswered: ask again without it
         failView(view, e.message);
+        if (!$("input").value) $("input").value = text; // ... and it is back in the box, to send again
       }
     } finally {
       state.running = null;
@@ -571,6 +589,7 @@
     $("render-md").addEventListener("change", () => { for (const v of state.views) drawView(v); });
     for (const id of ["set-mode", ...SETTINGS.map((k) => "set-" + k)]) $(id).addEventListener("input", showNotes);
     $("set-mode").addEventListener("change", showNotes); // a select may fire only "change"
+    for (const id of ["mode-a", "mode-b"]) $(id).addEventListener("change", showCompareNote);
     setBusy(true);
     state.props = await loadProps();
     const d = state.props.defaults;
@@ -579,6 +598,7 @@
     const gated = state.props.modes.find((m) => m.gated);
     fillModes($("mode-a"), names.includes("sd") ? "sd" : names[0]);
     fillModes($("mode-b"), modeRow(d.mode).gated ? d.mode : (gated ? gated.name : names[names.length - 1]));
+    showCompareNote();
     fillLegend();
     fillSettings();
     setBusy(false);

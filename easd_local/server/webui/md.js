@@ -228,9 +228,17 @@ window.easdMarkdown = (() => {
         box.className = node.display ? "math math-display" : "math";
         const f = document.createElement("span");
         try {
-          window.katex.render(node.math, f, { displayMode: node.display, throwOnError: false, output: "htmlAndMathml" });
-        } catch (_) { // no KaTeX, or a formula it cannot take: the source, as written
+          // maxSize (em): a \rule or \kern the model sized at 9999em stays within a screen;
+          // strict "ignore": what is not plain LaTeX (Unicode in maths, say) draws without a console warning;
+          // throwOnError: KaTeX's own error element sets a style attribute, which the CSP refuses
+          window.katex.render(node.math, f, { displayMode: node.display, throwOnError: true, output: "htmlAndMathml",
+                                              maxSize: 20, strict: "ignore" });
+        } catch (e) { // no KaTeX, or a formula it cannot take: the source, as written
           f.textContent = src.slice(node.range[0], node.range[1]);
+          if (window.katex && e instanceof window.katex.ParseError) {
+            f.className = "math-error";
+            f.title = e.message;
+          }
         }
         box.append(f, d.strip(src, node.range[0], node.range[1]));
         into.append(box);
