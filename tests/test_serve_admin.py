@@ -101,6 +101,11 @@ def test_a_page_of_another_origin_may_not_read_the_api(keyed_server, origin):
     _, headers, _ = http("GET", keyed_server.base + "/v1/models",
                          headers={"Origin": origin, "Authorization": f"Bearer {KEY}"})
     assert "access-control-allow-origin" not in headers
+    # nor run a generation it cannot read: a page can POST text/plain without a preflight
+    status, _, body = http("POST", keyed_server.base + "/v1/completions", {"prompt": "hi", "max_tokens": 2},
+                           headers={"Origin": origin, "Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"})
+    assert status == 403 and body["error"]["code"] == "origin_not_allowed", body
+    assert f"--cors-origin {origin}" in body["error"]["message"]
 
 
 @pytest.mark.skipif(bool(NO_BROWSER), reason=NO_BROWSER or "")

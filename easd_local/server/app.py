@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Mapping
+from urllib.parse import urlsplit
 
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
@@ -274,8 +276,21 @@ class Completion:
         yield "[DONE]"
 
 
+def allowed_origin(origin: str, host: str, allowed: tuple[str, ...]) -> bool:
+    """Whether a browser page at ``origin`` may use the API of the server reached as ``host``
+    (the Host header): its own page, this machine's pages, and --cors-origin's."""
+    return (urlsplit(origin).netloc == host or re.fullmatch(LOOPBACK_ORIGINS, origin) is not None
+            or "*" in allowed or origin in allowed)
+
+
 def create_app(engine: Engine, conf: ServeConfig) -> Starlette:
     def check_key(request: HttpRequest) -> None:
+        # CORS only hides the answer from another site's page: a plain form-like POST from it
+        # would still run a generation on this machine (Ollama refuses those as well)
+        origin = request.headers.get("origin")
+        if origin is not None and not allowed_origin(origin, request.headers.get("host", ""), conf.cors_origins):
+            raise ApiError(403, f"a web page at {origin} may not use this server; start it with --cors-origin "
+                           f"{origin} to allow it", type="permission_error", code="origin_not_allowed")
         if conf.api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
