@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from .interrupts import EXIT_INTERRUPTED, exit_on_interrupt
+from .interrupts import EXIT_INTERRUPTED, Terminated, end_terminated, exit_on_interrupt
 
 
 def main() -> None:
@@ -24,9 +24,11 @@ def main() -> None:
 
     if supervise.wanted():
         sys.exit(supervise.run(sys.argv[1:]))
+    from . import crashnote
     from .lifeline import die_with_parent
 
     die_with_parent()  # before any work: the supervisor may already be gone
+    crashnote.adopt()
     supervise.child_ready()
     try:
         from .cli import main as cli_main
@@ -39,6 +41,8 @@ def main() -> None:
         except (OSError, ValueError):
             pass
         sys.exit(EXIT_INTERRUPTED)
+    except Terminated as t:  # what it was writing is removed: now end as the signal would have
+        end_terminated(t)
 
 
 if __name__ == "__main__":

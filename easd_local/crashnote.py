@@ -6,6 +6,10 @@ Writes happen only when the activity changes (a load, the other model's turn to 
 each one ``pwrite`` of a few hundred bytes into a file that is already open: microseconds
 against a decode's tens of milliseconds. Without a supervising parent (the variable unset:
 tests, ``python -c``, Windows) nothing is written.
+
+The file has no name: the parent makes it and unlinks it at once, and passes its descriptor
+(``EASD_LOCAL_CRASH_NOTE`` holds the number). A named file would stay behind in the temporary
+folder each time the parent is killed with SIGKILL, the one end it cannot clean up after.
 """
 
 from __future__ import annotations
@@ -19,18 +23,19 @@ _fd: int | None = None
 _last: str = ""
 
 
-def _open() -> int | None:
+def adopt() -> None:
+    """In the supervised worker, first thing: take the descriptor the parent passed. The
+    variable goes, and the descriptor is not inherited: in a child of this process the number
+    could name any file."""
     global _fd
-    if _fd is None:
-        path = os.environ.get(NOTE_ENV)
-        if not path:
-            return None
-        try:
-            _fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-        except OSError:
-            os.environ.pop(NOTE_ENV, None)  # never try again
-            return None
-    return _fd
+    given = os.environ.pop(NOTE_ENV, "")
+    if not given.isdigit():
+        return
+    try:
+        os.set_inheritable(int(given), False)
+    except OSError:
+        return
+    _fd = int(given)
 
 
 def note(text: str) -> None:
@@ -38,12 +43,11 @@ def note(text: str) -> None:
     global _last
     if text == _last:
         return
-    _last = text  # (unsupervised too: each decode would look the variable up again)
-    fd = _open()
-    if fd is None:
+    _last = text
+    if _fd is None:
         return
     data = text.encode("utf-8", errors="replace")[: _SIZE - 1]
     try:
-        os.pwrite(fd, data.ljust(_SIZE), 0)
+        os.pwrite(_fd, data.ljust(_SIZE), 0)
     except OSError:
         pass

@@ -7,8 +7,9 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -137,3 +138,35 @@ def wait_lock(fh) -> None:
     except ImportError:  # pragma: no cover - not POSIX
         return
     fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+
+
+@contextmanager
+def locked(path: str | Path) -> Iterator[None]:
+    """Hold ``<folder>/locks/<name>.lock`` (a flock, dropped by the kernel if its holder dies)
+    while ``path``, a file that several processes keep, is read, changed and replaced: two
+    commands sharing a home would otherwise each write back what they had read, and the first
+    one's change would be lost. Where the lock file cannot be made (a read-only or full home)
+    nothing is held; the write fails there too."""
+    path = Path(path)
+    lock = path.parent / "locks" / f"{path.name}.lock"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(lock, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError:
+        yield
+        return
+    with fh:
+        try:
+            wait_lock(fh)
+        except OSError:  # a filesystem without locks (some NFS mounts)
+            pass
+        yield
+
+
+def update_json(path: str | Path, change: Callable[[dict], None]) -> Path:
+    """Apply ``change(data)`` to the JSON object kept in ``path`` ({} when there is none), under
+    :func:`locked`, and write it back atomically."""
+    with locked(path):
+        data = read_json_dict(path)
+        change(data)
+        return write_json_atomic(path, data)

@@ -13,6 +13,9 @@ ctypes callback, printed with a traceback, and the load continues). So:
   which the commands turn into a clean stop.
 * ``deferred_interrupt`` (around llama.cpp calls that call back into Python): Ctrl-C only
   sets a flag, and KeyboardInterrupt is raised when the call has returned.
+* ``cleanup_on_termination`` (around writing a large file): SIGTERM and SIGHUP unwind the
+  block like Ctrl-C, so that what it half wrote is removed, and then end the process as they
+  would have.
 """
 
 from __future__ import annotations
@@ -76,3 +79,42 @@ def deferred_interrupt() -> Iterator[Deferred]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if state.pending:
         raise KeyboardInterrupt
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP inside ``cleanup_on_termination``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGTERM,)
+
+
+@contextmanager
+def cleanup_on_termination() -> Iterator[None]:
+    """SIGTERM or SIGHUP (a service manager, ``timeout``, a closed terminal) raise Terminated
+    in the block, so that its ``except``/``finally`` clauses run, and every block around it
+    (a progress bar gives the cursor back); the console script then ends by that signal, its
+    exit status the one it would have had (``end_terminated``). Only for signals left to their
+    default action (a command's own handler is left alone), and only in the main thread."""
+    if not _main_thread():
+        yield
+        return
+
+    def stop(signum, frame) -> None:  # noqa: ARG001
+        raise Terminated(signum)
+
+    held = {s: signal.signal(s, stop) for s in _TERMINATING if signal.getsignal(s) == signal.SIG_DFL}
+    try:
+        yield
+    finally:
+        for s, handler in held.items():
+            signal.signal(s, handler)
+
+
+def end_terminated(t: Terminated) -> None:
+    """End this process by the signal that raised ``t``, as if no handler had caught it."""
+    signal.signal(t.signum, signal.SIG_DFL)
+    signal.raise_signal(t.signum)

@@ -1,7 +1,7 @@
 """Where easd-local keeps its files (models, transcripts, calibration profiles).
 
 ``home()`` is ``$EASD_LOCAL_HOME``, else ``$XDG_CACHE_HOME/easd-local``, else
-``~/.cache/easd-local``. Sub-directories are created on demand.
+``~/.cache/easd-local``. Sub-directories are created on demand, where the home can be written.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ def home() -> Path:
 
 def _sub(name: str) -> Path:
     path = home() / name
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # a read-only or full home: reading needs no folder, and a write says why it fails
     return path
 
 

@@ -42,6 +42,7 @@ CRASH_SIGNALS = {signal.SIGSEGV: "segmentation fault", signal.SIGBUS: "bus error
                  signal.SIGILL: "illegal instruction", signal.SIGFPE: "floating-point exception",
                  signal.SIGABRT: "abort", signal.SIGSYS: "bad system call", signal.SIGTRAP: "trap"}
 EXIT_CRASHED = 2
+_TAKE_PARALLEL = ("serve", "bench", "calibrate")  # the commands with a --parallel to lower
 
 
 def wanted() -> bool:
@@ -55,27 +56,34 @@ def child_ready() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _PASSED_ON)
 
 
-def crash_message(signum: int, note: str) -> str:
-    """The one line a user sees when llama.cpp (or anything else) killed the child."""
+def crash_message(signum: int, note: str, command: str = "") -> str:
+    """The one line a user sees when llama.cpp (or anything else) killed the child running
+    ``command`` (its first word). Without a note the child was not loading or decoding a model,
+    so the load flags are not offered: that command may not even take them (``quantize``)."""
     try:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
     what = CRASH_SIGNALS.get(signum)
-    if signum == signal.SIGKILL:
-        return (f"error: easd-local was killed ({name}){' ' + note if note else ''}; if memory ran out, "
-                "try a smaller --ctx or --parallel")
-    head = f"error: llama.cpp crashed ({name}, {what})" if what else f"error: easd-local died ({name})"
     where = f" {note}" if note else ""
+    if signum == signal.SIGKILL:
+        smaller = "--ctx or --parallel" if command in _TAKE_PARALLEL else "--ctx"
+        return f"error: easd-local was killed ({name}){where}" + (
+            f"; if memory ran out, try a smaller {smaller}" if note else "")
+    if not note:
+        head = f"error: easd-local crashed ({name}, {what})" if what else f"error: easd-local died ({name})"
+        return f"{head}; if it persists, report it with the output of `easd-local doctor`"
+    head = f"error: llama.cpp crashed ({name}, {what})" if what else f"error: easd-local died ({name})"
     return (f"{head}{where}. Try --no-repack (llama.cpp's repacked-weight kernels off) or -ngl 0 (no GPU "
             "offload); if it persists, report it with the output of `easd-local doctor`")
 
 
 def run(argv: list[str]) -> int:
     """Run ``easd-local ARGV`` in a child and return the exit status to exit with."""
-    fd, note_path = tempfile.mkstemp(prefix="easd-local-", suffix=".crashnote")
-    os.close(fd)
-    env = {**child_env(), SUPERVISED_ENV: "1", NOTE_ENV: note_path}
+    note_fd = _note_file()
+    env = {**child_env(), SUPERVISED_ENV: "1"}
+    if note_fd is not None:
+        env[NOTE_ENV] = str(note_fd)
     waited = set(_PASSED_ON) | {signal.SIGCHLD}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     try:
@@ -84,18 +92,16 @@ def run(argv: list[str]) -> int:
         pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "easd_local", *argv], env,
                              setsigmask=child_mask, setsigdef=(signal.SIGPIPE,))
         status = _wait(pid, waited)
-        note = _read_note(note_path)
+        note = _read_note(note_fd)
     finally:
-        try:
-            os.unlink(note_path)
-        except OSError:
-            pass
+        if note_fd is not None:
+            os.close(note_fd)
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
     signum = os.WTERMSIG(status)
     if signum in CRASH_SIGNALS or signum == signal.SIGKILL:
         try:
-            sys.stderr.write(crash_message(signum, note) + "\n")
+            sys.stderr.write(crash_message(signum, note, argv[0] if argv else "") + "\n")
             sys.stderr.flush()
         except (OSError, ValueError):
             pass
@@ -122,9 +128,29 @@ def _wait(pid: int, waited: set) -> int:
                 pass
 
 
-def _read_note(path: str) -> str:
+def _note_file() -> int | None:
+    """The crash note: a temporary file already unlinked (see ``crashnote``), its descriptor
+    inherited by the child; None where no temporary file can be made (the command runs all the
+    same, its crash told without the note). Never descriptor 0, 1 or 2: started with one of
+    those closed (``<&-``), the note would become the child's standard stream."""
+    import fcntl  # POSIX, as supervising is
+
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read().strip()
+        fd, path = tempfile.mkstemp(prefix="easd-local-", suffix=".crashnote")
+        os.unlink(path)
+        if fd < 3:
+            low, fd = fd, fcntl.fcntl(fd, fcntl.F_DUPFD, 3)
+            os.close(low)
+        os.set_inheritable(fd, True)
+    except OSError:
+        return None
+    return fd
+
+
+def _read_note(note_fd: int | None) -> str:
+    if note_fd is None:
+        return ""
+    try:
+        return os.pread(note_fd, 4096, 0).decode("utf-8", errors="replace").strip()
     except OSError:
         return ""

@@ -258,3 +258,70 @@ def test_bench_killed_mid_run_leaves_no_worker_and_resumes(sig, tiny_draft, tiny
     expected = {(f"gsm8k-test-{i:05d}", m) for i in range(10) for m in ("target", "sd")}
     assert set(keys) == expected and len(keys) == len(expected), keys  # every row, once
     assert "already there" in resumed.stderr
+
+
+# ------------------------------------------------------------------ the crash note
+def test_a_supervisor_killed_with_sigkill_leaves_no_file(tiny_draft, tiny_target, tmp_path):
+    """The supervisor's crash note has no name in the temporary folder: a ``kill -9`` of the
+    supervisor (which runs no clean-up) leaves nothing there, and a crash is still told with
+    what llama.cpp was doing."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "EASD_LOCAL_HOME": str(tmp_path / "home"), "TMPDIR": str(tmp)}
+    args = ["generate", "Tell me a long story", "--draft", str(tiny_draft), "--target", str(tiny_target), "-n",
+            "100000", "--ctx", "100000", "--raw", "--threads", "1"]
+    for how in ("supervisor", "worker"):
+        proc = subprocess.Popen(EASD + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, env=env)
+        workers: list[int] = []
+        try:
+            assert proc.stdout.read1(1), proc.stderr.read().decode(errors="replace")  # decoding
+            workers = children(proc.pid)
+            assert workers and list(tmp.iterdir()) == []
+            os.kill(proc.pid if how == "supervisor" else workers[0], signal.SIGKILL)
+            _, err = proc.communicate(timeout=30)
+            assert gone_within(workers, 5)
+        finally:
+            _end(proc, workers)
+        assert list(tmp.iterdir()) == [], how
+        if how == "worker":  # the note still reached the supervisor
+            assert proc.returncode == 2 and "while decoding with tiny-" in err.decode(), err
+
+
+def test_a_crash_after_the_load_does_not_say_while_loading(tiny_draft, tiny_target, tmp_path):
+    """A server that crashes (or is killed for memory) while idle, its models loaded, is not
+    reported as crashing "while loading" one of them."""
+    import urllib.request
+
+    proc, worker, port, log = _serve(tiny_draft, tiny_target, tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        os.kill(worker, signal.SIGSEGV)
+        assert proc.wait(timeout=30) == 2
+    finally:
+        _end(proc, [worker])
+    line = log.read_text(errors="replace").splitlines()[-1]
+    assert line.startswith("error: llama.cpp crashed (SIGSEGV, segmentation fault) after loading tiny-"), line
+    assert "--no-repack" in line
+
+
+def test_the_crash_line_offers_only_flags_that_help():
+    """No model was loading or decoding (no note): the load flags are not offered, the command
+    (``quantize``, ``doctor``) may not take them; --parallel only to the commands that have it."""
+    from easd_local.supervise import crash_message
+
+    bare = crash_message(signal.SIGSEGV, "", "quantize")
+    assert bare == ("error: easd-local crashed (SIGSEGV, segmentation fault); if it persists, report it with "
+                    "the output of `easd-local doctor`")
+    assert crash_message(signal.SIGKILL, "", "quantize") == "error: easd-local was killed (SIGKILL)"
+    note = "while decoding with m.gguf (layers on CPU 5; weight repacking on)"
+    assert crash_message(signal.SIGKILL, note, "generate").endswith("; if memory ran out, try a smaller --ctx")
+    assert crash_message(signal.SIGKILL, note, "serve").endswith("; if memory ran out, try a smaller --ctx or --parallel")
+    assert "--no-repack" in crash_message(signal.SIGABRT, note, "chat")

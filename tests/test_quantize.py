@@ -105,21 +105,28 @@ def test_bad_types_are_one_line(real, easd_home, args, says):
     assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output
 
 
-def test_ctrl_c_leaves_nothing(real, easd_home):
-    """SIGINT while llama.cpp quantizes (a long C call in a child process): exit 130 at once,
-    no part file, no output, nothing registered."""
+def _quantizing(real, easd_home) -> subprocess.Popen:
+    """``quantize`` as the console script runs it, once llama.cpp has started writing."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     # IQ4_XS with one thread: about 3 s for the 25 MB source, time enough to interrupt it
     p = subprocess.Popen([sys.executable, "-m", "easd_local", "quantize", str(real["target_f16"]), "--type", "IQ4_XS",
                           "-t", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    models = easd_home / "models"
+    deadline = time.monotonic() + 60
+    while not list((easd_home / "models").glob("*.part-*")):
+        assert p.poll() is None, p.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return p
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_ctrl_c_or_sigterm_leaves_nothing(sig, real, easd_home):
+    """SIGINT while llama.cpp quantizes (a long C call in a child process): exit 130 at once,
+    no part file, no output, nothing registered. SIGTERM and SIGHUP (a service manager,
+    ``timeout``, a closed terminal) as well, ending by that signal as a process does."""
+    p = _quantizing(real, easd_home)
     try:
-        deadline = time.monotonic() + 60
-        while not list(models.glob("*.part-*")):
-            assert p.poll() is None, p.stderr.read().decode()
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         t0 = time.monotonic()
         rc = p.wait(timeout=30)
         took = time.monotonic() - t0
@@ -128,11 +135,45 @@ def test_ctrl_c_leaves_nothing(real, easd_home):
         if p.poll() is None:
             p.kill()
             p.wait()
-    assert rc == 130, err
-    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    if sig == signal.SIGINT:
+        assert rc == 130, err
+        assert err.strip().splitlines()[-1] == "interrupted"
+    else:
+        assert rc == -sig, err
+    assert "Traceback" not in err and "error" not in err, err
     assert took < 2.0
+    models = easd_home / "models"
     assert not list(models.glob("*")), list(models.glob("*"))
     assert "real-target-iq4_xs" not in user_models()
+
+
+def test_a_quantizer_that_crashes_is_named(real, easd_home):
+    """llama.cpp's quantizer dying by a signal (a crash; the OOM killer) is said as such, not
+    as whatever its log's last lines happened to hold; no part file."""
+    p = _quantizing(real, easd_home)
+    try:
+        workers = [int(c) for c in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
+        quantizer = [int(c) for c in open(f"/proc/{workers[0]}/task/{workers[0]}/children").read().split()]
+        os.kill(quantizer[0], signal.SIGSEGV)
+        rc = p.wait(timeout=30)
+        err = p.stderr.read().decode()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert rc == 2, err
+    assert err.strip().splitlines()[-1] == (
+        "error: real-target-f16.gguf: quantization to IQ4_XS failed: llama.cpp's quantizer crashed (SIGSEGV); "
+        "if it persists, report it with the output of `easd-local doctor`"), err
+    assert not list((easd_home / "models").glob("*"))
+
+
+def test_a_home_that_cannot_be_written_is_one_line(real, easd_home):
+    easd_home.mkdir(parents=True, exist_ok=True)
+    (easd_home / "locks").write_text("")  # a file where the lock folder goes: mkdir fails as on a read-only home
+    r = quantize(real["draft_f16"], "--type", "Q8_0")
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"cannot quantize into {easd_home / 'models'}: {easd_home / 'locks'} is a file, not a folder" in r.output
 
 
 def test_name_and_conflicts(real, easd_home):

@@ -16,6 +16,7 @@ from ..llamacpp.devices import system_info
 from ..engine.pair import open_models
 from ..engine.ways import WAY_TABLE, choose
 from ..errors import ConfigError
+from ..fsutil import describe_write_error
 from ..pairscore import ways_measure as wm
 from ..store import costs as store
 from ..store import provenance
@@ -65,16 +66,22 @@ def register_on(pair_app: typer.Typer) -> None:
                 entry["draft_token"] = None
         key = store.costs_key(spec.draft, spec.target, kw["threads"], kw["n_gpu_layers"],
                               False if kw["no_repack"] else None)
-        where = None if dry_run else store.record(key, entry)
+        where, failed = None, None
+        try:
+            where = None if dry_run else store.record(key, entry)
+        except OSError as e:  # a read-only or full home: the figures are shown all the same
+            failed = describe_write_error(store.costs_path(), OSError(e.errno, e.strerror, str(store.costs_path())))
         if json_out:
             sys.stdout.write(json.dumps({**entry, "key": key, "recorded": str(where) if where else None}) + "\n")
-            return
-        _print(entry, spec.draft is not None)
-        way, why = choose(entry["ratios"], spec.draft is not None)
-        console.print(Text(f"default now: {way.name} ({why})" if where else f"would default to: {way.name} ({why})"),
-                      soft_wrap=True)
-        if where:
-            err_console.print(Text(f"recorded in {where}", style="dim"))
+        else:
+            _print(entry, spec.draft is not None)
+            way, why = choose(entry["ratios"], spec.draft is not None)
+            console.print(Text(f"default now: {way.name} ({why})" if where else f"would default to: {way.name} ({why})"),
+                          soft_wrap=True)
+            if where:
+                err_console.print(Text(f"recorded in {where}", style="dim"))
+        if failed:
+            raise ConfigError(f"the costs above were not recorded: {failed}")
 
 
 def _print(entry: dict, have_draft: bool) -> None:

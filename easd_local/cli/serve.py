@@ -68,7 +68,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", metavar="ORIGIN",
                                help="A browser origin (https://chat.example.org) whose pages may call the API, "
                                     "besides this machine's own (http://localhost:PORT...); repeatable; '*': any, "
-                                    "as llama-server.")] = None,
+                                    "as llama-server. \\[default: none: this machine's pages only]")] = None,
         log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level (info shows each request).")] = "info",
         webui: Annotated[bool, typer.Option("--webui/--no-webui", help="Serve the chat page at / (tokens coloured "
                                                                       "by origin).")] = True,

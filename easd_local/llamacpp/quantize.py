@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError, ModelLoadError
+from ..interrupts import cleanup_on_termination
 from ..lifeline import child_env, die_with_parent
 from . import gguf_info
 from .gguf_file import check_gguf_file
@@ -96,25 +98,26 @@ def quantize(src: str | os.PathLike, dst: str | os.PathLike, type_name: str, *,
            "1" if allow_requantize else "0", str(max(0, int(n_threads)))]
     tail: deque[str] = deque(maxlen=40)
     child = None
-    try:
-        # its own session: the terminal's Ctrl-C reaches only this process, which then
-        # ends the child itself (the child would ignore it until the C call returned)
-        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 start_new_session=True, env=_child_env())
-        reader = threading.Thread(target=_read_log, args=(child.stderr, tail, progress), daemon=True)
-        reader.start()
-        rc = child.wait()
-        reader.join()
-        if rc != 0:
-            reason = _failure(tail) or f"the quantizer exited with status {rc}"
-            raise ModelLoadError(f"{src.name}: quantization to {type_name.upper()} failed: {reason}")
-        os.replace(tmp, dst)
-    except BaseException:
-        if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
-        tmp.unlink(missing_ok=True)
-        raise
+    with cleanup_on_termination():  # a SIGTERM too leaves no part file (the output's size)
+        try:
+            # its own session: the terminal's Ctrl-C reaches only this process, which then
+            # ends the child itself (the child would ignore it until the C call returned)
+            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, start_new_session=True, env=_child_env())
+            reader = threading.Thread(target=_read_log, args=(child.stderr, tail, progress), daemon=True)
+            reader.start()
+            rc = child.wait()
+            reader.join()
+            if rc != 0:
+                reason = _died(-rc) if rc < 0 else _failure(tail) or f"the quantizer exited with status {rc}"
+                raise ModelLoadError(f"{src.name}: quantization to {type_name.upper()} failed: {reason}")
+            os.replace(tmp, dst)
+        except BaseException:
+            if child is not None and child.poll() is None:
+                child.kill()
+                child.wait()
+            tmp.unlink(missing_ok=True)
+            raise
     return dst
 
 
@@ -135,6 +138,17 @@ def _read_log(stream, tail: deque, progress: Progress | None) -> None:
         if m and progress is not None:
             progress(int(m.group(1)), int(m.group(2)))
     stream.close()
+
+
+def _died(signum: int) -> str:
+    """Why a quantizer killed by ``signum`` stopped: the log's last lines say nothing of it."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if signum == signal.SIGKILL:
+        return f"the quantizer was killed ({name}; by the out-of-memory killer, if memory ran out)"
+    return f"llama.cpp's quantizer crashed ({name}); if it persists, report it with the output of `easd-local doctor`"
 
 
 def _failure(tail: deque) -> str:

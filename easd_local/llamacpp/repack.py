@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
-from ..fsutil import read_json_dict, write_json_atomic
+from ..fsutil import read_json_dict, update_json
 from ..lifeline import child_env
 from . import gguf_info
 from .cpu import cpu_flags, cpu_name
@@ -155,12 +155,11 @@ def _load_verdicts() -> dict:
 
 
 def _remember(key: str, path: str | os.PathLike, r: Repack) -> None:
-    data = _load_verdicts()
-    data[key] = {"verdict": r.verdict, "detail": r.detail, "seconds": r.seconds, "model": Path(path).name,
-                 "tensor_types": sorted(gguf_info.read_gguf_info(path).tensor_types), "cpu": cpu_name(),
-                 "date": time.strftime("%Y-%m-%d")}
+    verdict = {"verdict": r.verdict, "detail": r.detail, "seconds": r.seconds, "model": Path(path).name,
+               "tensor_types": sorted(gguf_info.read_gguf_info(path).tensor_types), "cpu": cpu_name(),
+               "date": time.strftime("%Y-%m-%d")}
     try:
-        write_json_atomic(verdicts_path(), data)
+        update_json(verdicts_path(), lambda data: data.update({key: verdict}))
     except OSError:
         pass  # a read-only home: the self-test runs again next time, nothing worse
 

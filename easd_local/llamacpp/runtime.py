@@ -335,6 +335,7 @@ class Model(ModelFile):
         # new pointer object, and a step fills the batch every decode
         b = self._batch
         self._fields = (b.token, b.pos, b.n_seq_id, b.seq_id, b.logits)
+        crashnote.note(f"after loading {self.path.name} (layers on {where}; {self._repack_words()})")
 
     def _repack_words(self) -> str:
         return "weight repacking on" if self.repack.extra_bufts else "weight repacking off"

@@ -22,7 +22,7 @@ else:  # pragma: no cover
 
 from .. import paths
 from ..errors import ConfigError, ModelLoadError
-from ..fsutil import describe_write_error, write_json_atomic
+from ..fsutil import describe_write_error, locked, write_json_atomic
 from . import filehash
 from ..llamacpp.gguf_file import check_gguf_file
 
@@ -313,9 +313,10 @@ def register_user_model(name: str, record: Mapping[str, Any]) -> ModelEntry:
     _check_name(name, "model")
     upath = str(paths.user_catalog_path())
     entry = _model_from_dict(name, record, where=upath, user=True)  # validates before writing
-    data = read_user_catalog()
-    data["models"][name] = dict(record)
-    _write_user_catalog(data)
+    with locked(upath):  # two commands registering at once: both models kept
+        data = read_user_catalog()
+        data["models"][name] = dict(record)
+        _write_user_catalog(data)
     return entry
 
 
@@ -330,8 +331,9 @@ def add_user_pair(name: str, draft: str, target: str, check: Mapping[str, Any], 
         raise ConfigError(f"{name!r} is the name of a model; choose another name for the pair")
     for m in (draft, target):
         cat.model(m)  # ConfigError naming the known models
-    data = read_user_catalog()
-    data.setdefault("pairs", {})[name] = {"draft": draft, "target": target, "check": dict(check),
-                                          "description": description or f"{draft} drafting for {target}"}
-    _write_user_catalog(data)
+    with locked(paths.user_catalog_path()):
+        data = read_user_catalog()
+        data.setdefault("pairs", {})[name] = {"draft": draft, "target": target, "check": dict(check),
+                                              "description": description or f"{draft} drafting for {target}"}
+        _write_user_catalog(data)
     return load_catalog().pair(name)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..fsutil import read_json_dict, write_json_atomic
+from ..fsutil import read_json_dict, update_json
 
 COSTS_NAME = "pair-costs.json"
 
@@ -51,7 +51,4 @@ def find(key: str) -> dict[str, Any] | None:
 
 
 def record(key: str, entry: dict[str, Any]) -> Path:
-    data = _load()
-    data[key] = entry
-    write_json_atomic(costs_path(), data)
-    return costs_path()
+    return update_json(costs_path(), lambda data: data.update({key: entry}))

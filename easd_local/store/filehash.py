@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import paths
-from ..fsutil import write_json_atomic
+from ..fsutil import locked, write_json_atomic
 
 CACHE_NAME = "hash-cache.json"
 BLOCK = 1 << 20
@@ -97,7 +97,7 @@ def record(path: str | os.PathLike, sha256: str) -> None:
     if not _valid_sha(sha256):
         raise ValueError(f"not a sha256 hex digest: {sha256!r}")
     key, stamp = _key_and_stamp(path)
-    with _LOCK:
+    with _LOCK, locked(cache_path()):  # another command may be recording another file's hash
         cache = _read()
         new = {**stamp, "sha256": sha256}
         if cache.get(key) == new:

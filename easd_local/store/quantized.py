@@ -19,7 +19,7 @@ from typing import Callable
 from .. import paths
 from ..llamacpp import quantize as q
 from ..errors import ConfigError
-from ..fsutil import short_of_space, try_lock
+from ..fsutil import describe_write_error, short_of_space, try_lock
 from ..units import human_size
 from . import filehash
 from .catalog import ModelEntry, _check_name, load_catalog, local_path, register_user_model
@@ -130,16 +130,7 @@ def make(src: Source, type_name: str, name: str, dest: Path, *, allow_requantize
     found = existing(name)
     if found is not None and _same_make(found, src, type_name):
         return Made(found, local_path(found), made=False)
-    lock_dir = paths.home() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / f"{dest.name}.lock", "a+", encoding="utf-8") as fh:
-        if not try_lock(fh):
-            fh.seek(0)
-            raise ConfigError(f"{dest.name} is being written by another quantize (pid {fh.read().strip() or '?'})")
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()}\n")
-        fh.flush()
+    with _lock(dest):
         for stale in dest.parent.glob(f"{dest.name}.part-*"):  # a killed quantize's, under the lock
             stale.unlink(missing_ok=True)
         _check_free_space(src, dest)
@@ -148,6 +139,31 @@ def make(src: Source, type_name: str, name: str, dest: Path, *, allow_requantize
         sha = filehash.sha256_of(dest)  # recorded in the hash cache: later commands do not re-read it
         entry = register_user_model(name, _record(src, type_name, dest, sha))
     return Made(entry, dest, made=True)
+
+
+def _lock(dest: Path):
+    """The open, locked lock file of ``dest``, this process's PID in it; a home that cannot be
+    written (read-only, full) is one ConfigError, before anything else is written."""
+    path = paths.home() / "locks" / f"{dest.name}.lock"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - the caller closes it
+    except OSError as e:
+        raise ConfigError(f"cannot quantize into {dest.parent}: {describe_write_error(path, e)}") from None
+    if not try_lock(fh):
+        fh.seek(0)
+        held = fh.read().strip() or "?"
+        fh.close()
+        raise ConfigError(f"{dest.name} is being written by another quantize (pid {held})")
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+    except OSError as e:
+        fh.close()
+        raise ConfigError(f"cannot quantize into {dest.parent}: {describe_write_error(path, e)}") from None
+    return fh
 
 
 def _record(src: Source, type_name: str, dest: Path, sha: str) -> dict:
