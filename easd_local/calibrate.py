@@ -36,7 +36,7 @@ from .engine.decoding import fits_context
 from .llamacpp.runtime import Part
 from .errors import ConfigError
 from .jsonsafe import jsonl_lines
-from .fsutil import write_jsonl_atomic
+from .fsutil import describe_write_error, write_jsonl_atomic
 from .text import check_text
 
 PERCENTILES = (50, 75, 90, 95, 99)
@@ -44,6 +44,9 @@ DEFAULT_DATASET = "gsm8k-train"
 DEFAULT_LIMIT = 100
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_CHUNK = 64
+# a threshold with fewer positions of a model above it than this is set by a handful of
+# tokens: another run of the same questions, or other questions, moves it
+MIN_TAIL = 10
 
 
 # ------------------------------------------------------------------------------ the trace
@@ -108,6 +111,18 @@ def thresholds_at(trace: Trace, p: float) -> tuple[float, float]:
     """``(tau_draft, tau_target)``: the p-th percentile of the draft's and the target's
     entropies over all positions of the trace."""
     return percentiles(trace.h_draft, [p])[p], percentiles(trace.h_target, [p])[p]
+
+
+def thin_tail(trace: Trace, p: float) -> str | None:
+    """A warning when the thresholds at percentile ``p`` have fewer than ``MIN_TAIL`` of a
+    model's positions above them (too few positions, or too high a percentile), else None."""
+    tau_d, tau_t = thresholds_at(trace, p)
+    above = min(int((np.asarray(trace.h_draft) > tau_d).sum()), int((np.asarray(trace.h_target) > tau_t).sum()))
+    if above >= MIN_TAIL:
+        return None
+    return (f"p{p:g} of {trace.positions:,} positions leaves {above} position{'s' if above != 1 else ''} above a "
+            f"threshold, too few for it to be stable (at least {MIN_TAIL} are wanted): more questions (--limit) "
+            "or tokens (--max-tokens), or a lower --percentile, give steadier thresholds")
 
 
 def gate_open_share(trace: Trace, tau_draft: float, tau_target: float, tau_overlap: float) -> tuple[float, float]:
@@ -352,8 +367,10 @@ def write_pair_profile(trace: Trace, summary_: dict, files, percentile: float, *
                        top_n: int, command: str) -> dict:
     """Write the thresholds at ``percentile`` of ``trace`` into the user profile of the pair
     ``files`` (a ``resolve.PairFiles``) with what produced them; return what was written:
-    ``{"path", "tau_draft", "tau_target", "percentile"}``. ``summary_`` is ``summary(trace, ...)``."""
+    ``{"path", "tau_draft", "tau_target", "percentile", "warning"}`` (``thin_tail``'s warning, also
+    kept in the profile, or None). ``summary_`` is ``summary(trace, ...)``."""
     tau_d, tau_t = (round(v, 4) for v in thresholds_at(trace, percentile))
+    warning = thin_tail(trace, percentile)
     entry = files.entry
     did = profiles.file_id(files.draft, entry.draft if entry is not None else None)
     tid = profiles.file_id(files.target, entry.target if entry is not None else None)
@@ -365,12 +382,18 @@ def write_pair_profile(trace: Trace, summary_: dict, files, percentile: float, *
         seconds=round(trace.seconds, 1),
         percentiles={f"p{r['percentile']:g}": {"h_draft": round(r["h_draft"], 4), "h_target": round(r["h_target"], 4)}
                      for r in summary_["percentiles"]},
+        **({"warning": warning} if warning else {}),
     )
-    return {"path": str(path), "tau_draft": tau_d, "tau_target": tau_t, "percentile": percentile}
+    return {"path": str(path), "tau_draft": tau_d, "tau_target": tau_t, "percentile": percentile, "warning": warning}
 
 
 def write_trace(path: str | Path, trace: Trace) -> None:
-    write_jsonl_atomic(Path(path), trace.rows())
+    """ConfigError of one line when ``path`` cannot be written."""
+    path = Path(path).expanduser()
+    try:
+        write_jsonl_atomic(path, trace.rows())
+    except OSError as e:
+        raise ConfigError(f"cannot write the trace {path}: {describe_write_error(path, e)}") from None
 
 
 def plot_png(trace: Trace, path: str | Path, taus: tuple[float, float] | None = None, title: str = "") -> Path:

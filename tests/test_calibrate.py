@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from easd_local import calibrate as cal
@@ -283,3 +284,51 @@ def test_collect_in_parallel_equals_one_at_a_time(tiny_draft, tiny_target):
         diff = max(abs(a[i] - b[i]) for i in first)
         assert diff < 0.1, diff
     assert sum(one.agree[i] != three.agree[i] for i in first) <= 1
+
+
+def test_thin_tail_warns_when_few_positions_lie_above_a_threshold():
+    many = _trace(list(np.linspace(0, 3, 1000)), list(np.linspace(0, 2, 1000)))
+    assert cal.thin_tail(many, 90) is None  # 100 positions above each threshold
+    assert "leaves 9 positions above" in cal.thin_tail(many, 99.1)
+    few = _trace([0.1 * k for k in range(24)], [0.2 * k for k in range(24)])
+    warning = cal.thin_tail(few, 90)
+    assert "p90 of 24 positions leaves 3 positions above a threshold" in warning
+
+
+def _calibrate_args(tmp_path, tiny_draft, tiny_target, *extra):
+    ds = tmp_path / "q.jsonl"
+    ds.write_text('{"question": "Count to five."}\n')
+    return ("calibrate", "--draft", tiny_draft, "--target", tiny_target, "--dataset", ds, "--limit", 1,
+            "--max-tokens", 8, "--threads", 1, "--ctx", 512, *extra)
+
+
+def test_thresholds_from_a_small_sample_are_written_with_a_warning(cli, home, tmp_path, tiny_draft, tiny_target):
+    r = cli(*_calibrate_args(tmp_path, tiny_draft, tiny_target, "--percentile", 90, "--json"))
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["positions"] <= 8 and "too few for it to be stable" in s["profile"]["warning"]
+    stored = json.loads(Path(s["profile"]["path"]).read_text())
+    assert stored["warning"] == s["profile"]["warning"]
+    assert profiles.read_profile(s["profile"]["path"]).tau_draft == s["profile"]["tau_draft"]
+    r = cli(*_calibrate_args(tmp_path, tiny_draft, tiny_target, "--percentile", 90))
+    assert r.exit_code == 0 and "warning: p90 of" in r.stderr
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--png"])
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(cli, home, tmp_path, tiny_draft, tiny_target,
+                                                                   flag):
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    r = cli(*_calibrate_args(tmp_path, tiny_draft, tiny_target, "--percentile", 90, flag, folder))
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    assert f"{flag}: {folder}: is a folder, not a file" in r.output
+    assert not (home / "profiles").exists()  # refused before the run: nothing written
+
+
+def test_a_profile_that_cannot_be_written_is_one_line_after_the_figures(cli, home, tmp_path, tiny_draft, tiny_target):
+    home.mkdir(parents=True)
+    (home / "profiles").write_text("not a folder")
+    r = cli(*_calibrate_args(tmp_path, tiny_draft, tiny_target, "--percentile", 90))
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    assert "p90" in r.stdout and "H_draft" in r.stdout  # the figures measured are shown
+    assert "error: the thresholds were not written" in r.stderr and "wrote profile" not in r.stdout

@@ -273,3 +273,41 @@ def test_target_writes_first_scores_along_benchs_target_rows(tiny_draft, tiny_ta
               *FAST)
     assert r.exit_code == 0, r.output
     assert "answers the target wrote here" in r.stdout and "approximation" not in r.stdout
+
+
+def test_a_text_too_short_for_the_timing_probe_says_so(tiny_draft, tiny_target, tmp_path):
+    f = tmp_path / "short.txt"
+    f.write_text("the cat sat", encoding="utf-8")
+    res = score_json("-m", tiny_target, "-md", tiny_draft, "--text", f, *FAST)
+    dr = res["drafts"][0]
+    assert "speedup_greedy_simulated" not in dr
+    assert "no timing probe: every text is shorter than" in res["lookup"]["costs"]
+    assert "--no-probe" not in res["lookup"]["costs"]  # not given
+    # a text file is an approximation, and the corpus says why
+    assert not res["corpus"]["faithful"] and any("a text file is not the target's own" in n
+                                                  for n in res["corpus"]["notes"])
+    r = score("-m", tiny_target, "-md", tiny_draft, "--text", f, *FAST)
+    assert r.exit_code == 0 and "note: no timing probe" in r.stderr and "note: an approximation" in r.stderr
+
+
+def test_the_probe_takes_the_first_text_long_enough():
+    from types import SimpleNamespace
+
+    from easd_local.cli.pair import _probe_context
+    from easd_local.pairscore.corpus import Item
+    from easd_local.pairscore.probe import PROBE_GAMMA
+
+    def scored(n):
+        return SimpleNamespace(item=Item(f"t{n}", [1], list(range(2, 2 + n))))
+
+    ps = SimpleNamespace(scored=[scored(3), scored(PROBE_GAMMA + 5)])
+    assert _probe_context(ps) == [1, *range(2, PROBE_GAMMA + 7)]
+    assert _probe_context(SimpleNamespace(scored=[scored(3)])) is None
+
+
+def test_one_threshold_off_leaves_the_other_as_it_is(tiny_draft, tiny_target):
+    res = score_json("-m", tiny_target, "-md", tiny_draft, "--dataset", "gsm8k", "--limit", 1, "--no-probe",
+                     "--tau-draft", "inf", "--tau-target", 0.5, *FAST)
+    gate = res["drafts"][0]["gate"]
+    assert gate["tau_draft"] == "inf" and gate["tau_target"] == 0.5
+    assert gate["fires_per_100_easd_tf_greedy"] == 0.0

@@ -110,7 +110,9 @@ def _quantizing(real, easd_home) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     # IQ4_XS with one thread: about 3 s for the 25 MB source, time enough to interrupt it
     p = subprocess.Popen([sys.executable, "-m", "easd_local", "quantize", str(real["target_f16"]), "--type", "IQ4_XS",
-                          "-t", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                          "-t", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         # as a terminal's command has them: a suite run under nohup would pass SIGHUP on ignored
+                         preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGHUP, signal.SIGTERM)])
     deadline = time.monotonic() + 60
     while not list((easd_home / "models").glob("*.part-*")):
         assert p.poll() is None, p.stderr.read().decode()

@@ -22,6 +22,7 @@ from ..engine.config import DecodeConfig
 from ..errors import ConfigError
 from ..engine.pair import open_models
 from ..store.resolve import resolve_pair
+from ..fsutil import describe_write_error
 from . import options as o
 from .common import console, err_console, friendly
 from .pull_ui import DownloadUI
@@ -141,6 +142,8 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             raise ConfigError(f"--percentile must be in [0, 100], got {percentile:g}")
         if png is not None:
             figures.require("--png")
+        o.check_output_path("--png", png)
+        o.check_output_path("--trace", trace)
         name, questions = cal.load_questions(dataset, question_key, limit, allow_test_split)
         topts, dopts = o.llama_options(kw)
         parallel, topts, dopts = o.parallel_options(parallel, topts, dopts)
@@ -181,10 +184,13 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                  seconds_target=tr.seconds_target, seconds_draft=tr.seconds_draft)
         cmd = _command(pair, draft, target, dataset, question_key, limit, max_tokens, top_n_, percentile,
                        allow_test_split)
-        written = None
+        written, failed = None, None
         if percentile is not None:
-            written = cal.write_pair_profile(tr, s, spec, percentile, dataset=name, max_tokens=max_tokens,
-                                             top_n=top_n_, command=cmd)
+            try:
+                written = cal.write_pair_profile(tr, s, spec, percentile, dataset=name, max_tokens=max_tokens,
+                                                 top_n=top_n_, command=cmd)
+            except OSError as e:  # a read-only or full home: the figures are shown all the same
+                failed = describe_write_error(e.filename or "the profile", e)
         s["profile"] = written
         s["command"] = cmd
         if trace is not None:
@@ -195,22 +201,31 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                                     title=f"{spec.label}: entropy over {tr.positions:,} positions ({name})")
         if json_out:
             sys.stdout.write(json.dumps(s) + "\n")
-            return
-        console.print(f"[bold]{spec.label}[/] · {name}: {tr.n_questions} questions, {tr.positions:,} positions, "
-                      f"greedy target, max {max_tokens} tokens · {tr.seconds:.0f} s "
-                      f"(target {tr.seconds_target:.0f} s, draft {tr.seconds_draft:.0f} s)")
-        console.print(_percentile_table(s, tau_o))
-        console.print(_overlap_table(s))
-        console.print(_histogram_table(tr))
-        if trace is not None:
-            console.print(f"trace: {trace}")
-        if png_path is not None:
-            console.print(f"histogram: {png_path}")
-        if written:
-            console.print(
-                f"wrote profile {written['path']}: τd={written['tau_draft']:g} τt={written['tau_target']:g} "
-                f"(p{percentile:g} over {tr.positions:,} positions). chat, generate and bench now use it for this "
-                "pair; --tau-draft/--tau-target still override it."
-            )
         else:
-            console.print("no profile written (give --percentile P to write the thresholds at percentile P)", style="dim")
+            _print(s, tr, tau_o, trace, png_path, failed)
+        if failed:
+            raise ConfigError(f"the thresholds were not written: {failed}")
+
+
+def _print(s: dict, tr: cal.Trace, tau_o: float, trace: Path | None, png_path: Path | None, failed: str | None) -> None:
+    console.print(f"[bold]{s['pair']}[/] · {s['dataset']}: {tr.n_questions} questions, {tr.positions:,} positions, "
+                  f"greedy target, max {s['max_tokens']} tokens · {tr.seconds:.0f} s "
+                  f"(target {tr.seconds_target:.0f} s, draft {tr.seconds_draft:.0f} s)")
+    console.print(_percentile_table(s, tau_o))
+    console.print(_overlap_table(s))
+    console.print(_histogram_table(tr))
+    if trace is not None:
+        console.print(f"trace: {trace}")
+    if png_path is not None:
+        console.print(f"histogram: {png_path}")
+    written = s["profile"]
+    if written:
+        console.print(
+            f"wrote profile {written['path']}: τd={written['tau_draft']:g} τt={written['tau_target']:g} "
+            f"(p{written['percentile']:g} over {tr.positions:,} positions). chat, generate and bench now use it for "
+            "this pair; --tau-draft/--tau-target still override it."
+        )
+        if written["warning"]:
+            err_console.print(Text(f"warning: {written['warning']}", style="yellow"), soft_wrap=True)
+    elif not failed:
+        console.print("no profile written (give --percentile P to write the thresholds at percentile P)", style="dim")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from ..engine.near_ties import gate_margin
 from ..engine.pair import open_models
 from . import options as o
 from .common import console, err_console, friendly
-from ..fsutil import describe_write_error, refuse_non_file, write_jsonl_atomic
+from ..fsutil import describe_write_error, write_jsonl_atomic
 from ..text import check_text, decode_input
 from .progress import spinner, until_first
 from .render import (LEGEND, ORIGIN_STYLE, placement, placement_line, repack_news, run_settings, status_line,
@@ -37,15 +36,6 @@ easd and easd-tf are not lossless: the gate replaces some of the target's tokens
 
 generate is greedy (temperature {DecodeConfig().temperature:g}, up to {DecodeConfig().max_tokens} tokens) so that a run repeats exactly; chat samples (temperature {CHAT_DEFAULTS.temperature:g}) as chat UIs do.
 """
-
-
-def _check_trace(path: Path) -> None:
-    try:
-        refuse_non_file(path)
-        if any(p.exists() and not p.is_dir() for p in path.parents):
-            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path))
-    except OSError as e:
-        raise ConfigError(f"--trace: {describe_write_error(path, e)}") from None
 
 
 def register(app: typer.Typer, models_app: typer.Typer) -> None:
@@ -71,7 +61,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             prompt = decode_input(sys.stdin.buffer.read(), "the prompt read from standard input")
         if trace is not None:
             trace = trace.expanduser()
-            _check_trace(trace)  # before the models load, not after the whole completion
+            o.check_output_path("--trace", trace)  # before the models load, not after the whole completion
         check_text(prompt, "the prompt")
         if system is not None:
             if not chat:  # a raw prompt has nowhere to put it: ignoring it would answer another question

@@ -9,7 +9,9 @@ Short names follow llama.cpp's (``-m`` target, ``-md`` draft, ``-c``, ``-n``, ``
 
 from __future__ import annotations
 
+import errno
 import inspect
+from pathlib import Path
 from typing import Annotated, Optional, Sequence
 
 import typer
@@ -17,6 +19,7 @@ import typer
 from ..engine.config import DEFAULT_TAU_DRAFT, DEFAULT_TAU_TARGET, FIELD_TYPES, MODES, DecodeConfig, LOSSLESS_HELP
 from .. import host
 from ..errors import ConfigError
+from ..fsutil import describe_write_error, refuse_non_file
 from ..engine.ways import auto_mode
 from ..engine.modes import parse_way_label, spec_kinds, way_label
 from ..llamacpp.rpc import parse_endpoints, parse_tensor_split
@@ -151,6 +154,21 @@ def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: b
                     n_gpu_layers=n_gpu_layers if n_gpu_layers_draft is None else n_gpu_layers_draft,
                     flash_attn=flash_attn, main_gpu=main_gpu, verbose=verbose, rpc=rpc_d, extra_bufts=repack)
     return t, d
+
+
+def check_output_path(flag: str, path: Path | None) -> None:
+    """ConfigError of one line when ``path`` (an output flag's file) could not be written: a
+    folder, a device, or a file on the way where a folder should be. Checked before a long run,
+    not after it."""
+    if path is None:
+        return
+    path = Path(path).expanduser()
+    try:
+        refuse_non_file(path)
+        if any(p.exists() and not p.is_dir() for p in path.parents):
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path))
+    except OSError as e:
+        raise ConfigError(f"{flag}: {describe_write_error(path, e)}") from None
 
 
 def ctx_note(asked: int | None, got: int) -> str:

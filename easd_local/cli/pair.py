@@ -313,11 +313,15 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
                                        "(raise --ctx to include them)", style="yellow"), soft_wrap=True)
             if not ps.scored:
                 raise ConfigError("no text could be scored (every one was longer than the context)")
-            costs = [None] * len(dms)
+            costs, no_probe = [None] * len(dms), "--no-probe"
             if timing:
-                first = ps.scored[0].item
-                context = list(first.prompt) + list(first.text[:PROBE_TOKENS])
-                if len(context) >= PROBE_GAMMA + 2:
+                context = _probe_context(ps)
+                if context is None:
+                    no_probe = (f"no timing probe: every text is shorter than the {PROBE_GAMMA + 2} tokens of context "
+                                "it needs, so no speed-up is predicted")
+                    if not json_out:
+                        err_console.print(Text(f"note: {no_probe}", style="yellow"), soft_wrap=True)
+                else:
                     with spinner("timing probe"):
                         costs = probe(tgt, dms, context)
         finally:
@@ -334,7 +338,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:  # noqa: ARG001
                 measured.append(corp.measured_runs(cp.rows, {s.item.label for s in ps.scored}, d_sha, t_sha))
             else:
                 measured.append([])
-        lookup = _lookup(ps, costs[0], base)
+        lookup = _lookup(ps, costs[0], base, no_probe)
         res = {
             "lookup": lookup,
             "target": t_label,
@@ -399,7 +403,17 @@ def _run_pass(tgt, dms, cp, settings, chunk):
         return passes.run(tgt, dms, cp.items, settings, chunk=chunk, progress=on_progress)
 
 
-def _lookup(ps, costs, base) -> dict:
+def _probe_context(ps) -> list[int] | None:
+    """The timing probe's context: the prompt and up to PROBE_TOKENS of the text of the first
+    scored text long enough for it; None when none is."""
+    for sc in ps.scored:
+        context = list(sc.item.prompt) + list(sc.item.text[:PROBE_TOKENS])
+        if len(context) >= PROBE_GAMMA + 2:
+            return context
+    return None
+
+
+def _lookup(ps, costs, base, no_probe: str) -> dict:
     """Prompt lookup's prediction along the scored texts (one drafter through the corpus)."""
     from ..engine.drafters.policy import AcceptanceBook, extend_costs, linear_costs
     from ..pairscore.lookup import K_MAX, LookupSim, simulate
@@ -413,7 +427,7 @@ def _lookup(ps, costs, base) -> dict:
                            size_m=base.spec_ngram_size_m))
     return {"speedup": round(total.speedup, 4), "tokens_per_verify": round(total.tokens_per_verify, 4),
             "drafted": total.drafted, "accepted": total.accepted, "tokens": total.tokens,
-            "costs": "timing probe" if costs is not None else "assumed: 1 + 0.29 k decodes (--no-probe)"}
+            "costs": "timing probe" if costs is not None else f"assumed: 1 + 0.29 k decodes ({no_probe})"}
 
 
 def _print(res: dict, gamma: int, png) -> None:

@@ -201,8 +201,11 @@ def from_text(src: Source, vocab, *, window: int, limit: int | None = None) -> C
         items.append(Item(f"{p.name} part {k + 1}", part[:1], part[1:]))
         if limit is not None and len(items) >= limit:
             break
+    note = ("an approximation: a text file is not the target's own answers, and the draft agrees with the target "
+            "less often along text the target would not have written, so the predicted tokens per verify may come "
+            "out low; --from RESULTS.jsonl or --dataset D --target-writes is the faithful corpus")
     return Corpus(TEXT, f"{src.name}: {len(toks):,} tokens in {len(items)} part{'s' if len(items) != 1 else ''}",
-                  items, [])
+                  items, [note])
 
 
 # ------------------------------------------------------------------- measured runs

@@ -32,6 +32,11 @@ def _r(x: float, nd: int = 4):
     return None if x is None or not math.isfinite(x) else round(float(x), nd)
 
 
+def _tau(x: float):
+    """A threshold as JSON: ``"inf"`` when off (JSON has no infinity)."""
+    return x if math.isfinite(x) else "inf"
+
+
 def gate_fires(rows: Rows, tau_draft: float, tau_target: float, tau_overlap: float) -> np.ndarray:
     """Where greedy ``easd-tf`` fires along the text: the gate is open and the two argmaxes
     agree (then it emits the target's runner-up)."""
@@ -101,12 +106,11 @@ def draft_summary(ps: Pass, d: int, info: DraftInfo, costs: Costs | None, settin
             },
         })
     cfg = info.cfg
-    gate_on = math.isfinite(cfg.tau_draft) and math.isfinite(cfg.tau_target) and cfg.overlap <= 1.0
     fires = gate_fires(rows, cfg.tau_draft, cfg.tau_target, cfg.overlap) if n else np.zeros(0, bool)
     open_ = rules.gate(rows.h_draft, rows.h_target, rows.overlap, cfg.tau_draft, cfg.tau_target, cfg.overlap)
     easd = _sim(ps, d, cfg.gamma, gate=(cfg.tau_draft, cfg.tau_target, cfg.overlap))
     out["gate"] = {
-        "tau_draft": cfg.tau_draft if gate_on else "inf", "tau_target": cfg.tau_target if gate_on else "inf",
+        "tau_draft": _tau(cfg.tau_draft), "tau_target": _tau(cfg.tau_target),
         "overlap": cfg.overlap, "top_n": cfg.top_n, "thresholds_source": info.thresholds_source,
         "fires_per_100_easd_tf_greedy": _r(100.0 * fires.mean()) if n else None,
         "fires_per_100_easd_tf_sampled": _r(100.0 * float((open_ * rows.alpha).mean())) if n else None,
