@@ -138,3 +138,14 @@ def test_parted_no_repack_is_taken_and_said(made):
     assert r.exit_code == 0, r.output
     assert "--no-repack: llama.cpp's weight repacking is off here" in r.stderr
     assert SUMMARY.search(r.stdout)
+
+
+def test_methods_missing_from_the_file_are_named_and_an_empty_file_says_so():
+    from easd_local.bench.parted import plan_parted
+    from easd_local.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--method 'sd': no rows with that method; the file has no rows$"):
+        plan_parted([], "sd")
+    rows = [{"dataset": "gsm8k", "qid": "q1", "method": "target", "pair": "p"}]
+    with pytest.raises(ConfigError, match=r"^--method 'sd': no rows with that method; the file's methods: target$"):
+        plan_parted(rows, "sd")

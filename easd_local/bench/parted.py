@@ -110,7 +110,8 @@ def plan_parted(rows: Sequence[dict], method: str, baseline: str = "target", pai
     for name, m in (("--method", method), ("--against", baseline)):
         if not any(r["method"] == m for r in rows):
             found = sorted({r["method"] for r in rows})
-            raise ConfigError(f"{name} {m!r}: no rows with that method; the file's methods: {', '.join(found)}")
+            raise ConfigError(f"{name} {m!r}: no rows with that method; "
+                              + (f"the file's methods: {', '.join(found)}" if found else "the file has no rows"))
     if not pairs:
         raise ConfigError(f"no problem has rows of both {method!r} and {baseline!r}")
     if limit is not None:
