@@ -149,6 +149,12 @@ def test_a_user_model_changed_since_models_add_is_refused(cache, tmp_path, tiny_
     assert r.exit_code == 2, r.output
     assert f"mine: {mine} changed since `models add`" in r.stderr
     assert f"add it again: easd-local models add mine {mine}" in r.stderr
+    # verify and pull say the same, and never offer to download a file that has no download
+    r = runner.invoke(app, ["models", "verify", "mine"])
+    assert r.exit_code == 2 and f"add it again: easd-local models add mine {mine}" in r.output
+    assert "pull NAME" not in r.output and "each line above says what to do" in r.stderr
+    r = runner.invoke(app, ["pull", "mine"])
+    assert r.exit_code == 2 and "add it again" in r.stderr and "downloading it again" not in r.output
 
 
 def test_a_second_pull_waits_for_the_first_and_says_who_holds_it(cache):

@@ -173,3 +173,15 @@ def test_mode_takes_the_way_label_the_tool_prints(tiny_draft, tiny_target):
     assert r.exit_code == 2 and "give one" in r.output and "Traceback" not in r.output
     r = gen(["hi", "--mode", "sd:bogus"], tiny_draft, tiny_target)
     assert r.exit_code == 2 and "unknown drafter 'bogus'" in r.output
+
+
+def test_lossless_is_one_rule_with_the_server(tiny_draft, tiny_target):
+    """EASD with its gate off is SD (lossless, no "not lossless" note), as the server says; draft
+    mode never is (DecodeConfig.lossless, which generate --json and the server's timings read)."""
+    r = gen(["hi", "--mode", "easd", "--tau-draft", "inf", "--max-tokens", "3", "--json"], tiny_draft, tiny_target)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["lossless"] is True and "not lossless" not in r.output
+    r = gen(["hi", "--mode", "easd", "--max-tokens", "3", "--json"], tiny_draft, tiny_target)
+    assert json.loads(r.stdout.strip().splitlines()[-1])["lossless"] is False
+    r = gen(["hi", "--mode", "draft", "--max-tokens", "3", "--json"], tiny_draft, tiny_target)
+    assert json.loads(r.stdout.strip().splitlines()[-1])["lossless"] is False

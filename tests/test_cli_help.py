@@ -73,6 +73,8 @@ def test_chat_and_generate_defaults_differ_and_say_why():
     assert "greedy" in chat and "chat UIs" in chat
     for out in (gen, chat):
         assert "not lossless" in out and "--mode sd" in out
+        # docs/commands.md: easd, easd-tf and draft are not lossless, and --help says so
+        assert "nor is draft" in out
 
 
 def test_generate_and_chat_describe_the_default_by_the_one_rule():

@@ -131,6 +131,10 @@ def test_extension_fields_override_defaults(client, model_name):
     off = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}],
                                          max_tokens=4, extra_body={"mode": "easd", "tau_draft": "inf"})
     assert off.model_extra["timings"]["lossless"] is True and off.model_extra["timings"]["tau_draft"] == "inf"
+    # draft mode has no gate, yet its output is the draft model's, not the target's
+    alone = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=4, extra_body={"mode": "draft"})
+    assert alone.model_extra["timings"]["mode"] == "draft" and alone.model_extra["timings"]["lossless"] is False
 
 
 def test_stop_strings(client, model_name):

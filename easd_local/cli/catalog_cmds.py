@@ -58,7 +58,8 @@ def _pull_entries(entries, yes: bool, label: str):
     findings: dict[str, list[CacheCheck]] = {}
 
     def on_found(e, found: CacheCheck) -> None:
-        if found.state == "corrupt" and not findings.get(e.name):  # said before it is replaced
+        # said before it is replaced; a `models add` file is never replaced: its error says what to do
+        if found.state == "corrupt" and not findings.get(e.name) and e.path is None:
             err_console.print(Text(f"{corrupt_message(e, found, hint=False)}; downloading it again", style="yellow"),
                               soft_wrap=True)
         findings.setdefault(e.name, []).append(found)
@@ -119,7 +120,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                         console.print(Text(f"{e.name}: not downloaded  {local_path(e)}"), soft_wrap=True)
                     continue
                 if found.state == "wrong-size":  # nothing to hash: it cannot be right
-                    bad.append(e.name)
+                    bad.append(e)
                     console.print(Text(corrupt_message(e, found)), soft_wrap=True)
                     continue
                 task = prog.add_task(e.name, total=e.size, stage="hashing")
@@ -130,7 +131,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                     console.print(Text(f"{e.name}: sha256 {e.sha256[:12]}… verified (read in full)  {local_path(e)}"),
                                   soft_wrap=True)
                 else:
-                    bad.append(e.name)
+                    bad.append(e)
                     console.print(Text(corrupt_message(e, found)), soft_wrap=True)
             for path in loose:  # a file no catalog model lives in: its hash is all there is to say
                 task = prog.add_task(path.name, total=None, stage="hashing")
@@ -144,8 +145,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                               soft_wrap=True)
         if bad:
             n = len(bad)
-            raise PullError(f"{n} corrupt model{'s' if n != 1 else ''} ({', '.join(bad)}): "
-                            f"`easd-local pull NAME` downloads {'them' if n != 1 else 'it'} again")
+            # a `models add` file cannot be downloaded: its line above says to add it again
+            fix = (f"`easd-local pull NAME` downloads {'them' if n != 1 else 'it'} again"
+                   if all(e.path is None for e in bad) else "each line above says what to do")
+            raise PullError(f"{n} corrupt model{'s' if n != 1 else ''} ({', '.join(e.name for e in bad)}): {fix}")
         if not entries and not loose:
             console.print("no model is downloaded yet (`easd-local pull` fetches the default pair)")
 

@@ -93,7 +93,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 tokens = main.vocab.tokenize(prompt, add_special=True, parse_special=False)
             if show_origin and not json_out:
                 err_console.print(LEGEND)
-            reason = not_lossless(cfg.mode, o.easd_loss(spec, cfg.mode))
+            reason = None if cfg.lossless else not_lossless(cfg.mode, o.easd_loss(spec, cfg.mode))
             if reason and not json_out:
                 err_console.print(Text(f"note: {reason}; --mode sd gives the target's own output", style="yellow"),
                                   soft_wrap=not err_console.is_terminal)
@@ -126,7 +126,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
                 prov = provenance.collect(spec.draft, spec.target, topts, dopts)
                 margin = gate_margin(events, cfg.tau_draft, cfg.tau_target, cfg.overlap)
                 obj = {"text": fin.text, "pair": spec.label, **fin.stats.to_dict(), **margin.to_stats(),
-                       **run_settings(cfg, spec), "lossless": reason is None, "completion_tokens": fin.tokens,
+                       **run_settings(cfg, spec), "lossless": cfg.lossless, "completion_tokens": fin.tokens,
                        "auto_mode_reason": why or None, "placement": placement(models),
                        "cpu_load": {"before": load_before, "after": load_after, "cores": host.cores(),
                                     "busy": busy or None},

@@ -16,7 +16,7 @@ from .modes import MODE_TABLE, MODES, Mode, mode_info, needs_draft_model, spec_k
 
 # Modes whose output is the target's own (greedy: the target's tokens; sampling: its law).
 LOSSLESS_MODES = tuple(m for m in MODES if MODE_TABLE[m].lossless)
-LOSSLESS_HELP = "sd and target give the target's own output; easd and easd-tf are not lossless."
+LOSSLESS_HELP = "sd and target give the target's own output; easd and easd-tf are not lossless, nor is draft (the draft model alone)."
 
 
 def not_lossless(mode: str, lost: str | None = None) -> str | None:
@@ -96,6 +96,12 @@ class DecodeConfig:
     def gate_enabled(self) -> bool:
         """The mode is gated and its thresholds can fire (``gate.Gate.can_fire``)."""
         return Gate.of(self).can_fire
+
+    @property
+    def lossless(self) -> bool:
+        """The output follows the target's distribution (greedy: its tokens): a mode that runs
+        the target, with no gate that can fire (EASD with its gate off is SD)."""
+        return mode_info(self.mode).needs_target and not self.gate_enabled
 
     def validate(self, n_vocab: int | None = None) -> "DecodeConfig":
         """Raise ConfigError with one clear line for the first bad value; return self."""

@@ -29,11 +29,6 @@ def finish_reason(stop_reason: str) -> str:
     return FINISH_REASONS.get(stop_reason, "stop")
 
 
-def lossless(cfg: DecodeConfig) -> bool:
-    """Whether the output follows the target's distribution (EASD with its gate on does not)."""
-    return not cfg.gate_enabled
-
-
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(1000.0 * seconds, 3)
 
@@ -46,7 +41,7 @@ def _rate(n: int, seconds: float | None) -> float | None:
 
 def _settings(cfg: DecodeConfig, source: str) -> dict:
     return {
-        "mode": cfg.mode, "lossless": lossless(cfg), "gamma": cfg.gamma, "temperature": cfg.temperature,
+        "mode": cfg.mode, "lossless": cfg.lossless, "gamma": cfg.gamma, "temperature": cfg.temperature,
         "tau_draft": json_number(cfg.tau_draft), "tau_target": json_number(cfg.tau_target), "top_n": cfg.top_n,
         "overlap": cfg.overlap, "penalty": cfg.penalty, "thresholds_source": source,
     }

@@ -24,7 +24,6 @@ from ..engine.config import DecodeConfig, not_lossless
 from ..engine.decoding import ORIGINS, json_number
 from ..engine.modes import MODE_TABLE, MODES, needs_draft_model
 from ..engine.pair import Pair
-from .responses import lossless
 
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".woff2": "font/woff2"}
@@ -93,7 +92,7 @@ def props(model_name: str, base: DecodeConfig, thresholds_source: str, pair: Pai
         "mode": base.mode, "max_tokens": base.max_tokens, "temperature": base.temperature, "top_k": base.top_k,
         "top_p": base.top_p, "gamma": base.gamma, "tau_draft": json_number(base.tau_draft),
         "tau_target": json_number(base.tau_target), "top_n": base.top_n, "overlap": base.overlap,
-        "penalty": base.penalty, "lossless": lossless(base), "thresholds_source": thresholds_source,
+        "penalty": base.penalty, "lossless": base.lossless, "thresholds_source": thresholds_source,
         "spec_type": base.spec_type,
     }
     return {"model": model_name, "defaults": defaults, "modes": modes, "origins": list(ORIGINS),
