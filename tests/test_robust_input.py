@@ -43,10 +43,16 @@ def _chat(draft, target, *extra, input):
 # ------------------------------------------------------------------ 1. transcripts
 
 
-def test_chat_goes_on_when_the_home_is_a_file(tiny_draft, tiny_target, tmp_path, monkeypatch):
+@pytest.fixture
+def home_is_a_file(tmp_path, monkeypatch) -> Path:
     home = tmp_path / "not-a-folder"
     home.write_text("x")
     monkeypatch.setenv("EASD_LOCAL_HOME", str(home))
+    return home
+
+
+def test_chat_goes_on_when_the_home_is_a_file(tiny_draft, tiny_target, home_is_a_file):
+    home = home_is_a_file
     r = _chat(tiny_draft, tiny_target, input="hello\nagain\n")
     assert r.exit_code == 0, r.output
     assert "Traceback" not in r.output
@@ -340,10 +346,9 @@ def test_save_onto_a_folder_or_a_pipe_is_refused(tiny_target, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary file left
 
 
-def test_chat_names_no_transcript_when_none_was_written(tiny_draft, tiny_target, tmp_path, monkeypatch):
-    home = tmp_path / "not-a-folder"
-    home.write_text("x")
-    monkeypatch.setenv("EASD_LOCAL_HOME", str(home))
+def test_chat_names_no_transcript_when_none_was_written(tiny_draft, tiny_target, tmp_path, monkeypatch,
+                                                         home_is_a_file):
+    home = home_is_a_file
     r = _chat(tiny_draft, tiny_target, input="hello\n")
     assert r.exit_code == 0, r.output
     assert r.stderr.splitlines()[-1] == f"transcript: none ({home} is a file, not a folder)"
