@@ -599,8 +599,10 @@ MECH_NOTE = (
     "Gate mechanism, against target on the questions both ran: problems fired = problems with at least one "
     "gate fire; texts/answers changed = completions / extracted answers that differ from target's; "
     "changed without a fire = completions that differ although the gate never fired (greedy easd-tf must "
-    "have 0: up to its first fire it is the target, decoded the same way; sampled, a gate that opens but "
-    "does not fire still draws other random numbers than the target, so its text may part without a fire)."
+    "have 0: up to its first fire it is the target, decoded the same way; greedy sd, the lossless control, "
+    "and easd only where a verify batch moves one of the target's near-ties, which bench parted names; "
+    "sampled, a gate that opens but does not fire still draws other random numbers than the target, so its "
+    "text may part without a fire)."
 )
 
 
