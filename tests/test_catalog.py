@@ -38,11 +38,23 @@ def home(tmp_path, monkeypatch):
     return h
 
 
+def write_gguf(path: Path, n_floats: int = 640) -> Path:
+    """A small GGUF whose header parses (`models add` reads it all) and whose data lies within it."""
+    import gguf as gguf_pkg
+    import numpy as np
+
+    w = gguf_pkg.GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.arange(n_floats, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 @pytest.fixture
 def gguf(tmp_path) -> Path:
-    p = tmp_path / "mine.gguf"
-    p.write_bytes(b"GGUF" + bytes(range(256)) * 10)
-    return p
+    return write_gguf(tmp_path / "mine.gguf")
 
 
 @pytest.fixture
@@ -185,9 +197,9 @@ def test_add_user_model(home, gguf):
     assert cat.model("mine") == e
     assert local_path(e) == gguf.resolve() and is_present(e)
     # re-adding the same name updates it
-    gguf.write_bytes(b"GGUF" + b"\1" * 100)
+    write_gguf(gguf, 64)
     e2 = add_user_model("mine", gguf)
-    assert e2.size == 104 and e2.role is None and load_catalog().model("mine") == e2
+    assert e2.size == gguf.stat().st_size != e.size and e2.role is None and load_catalog().model("mine") == e2
 
 
 def test_add_rejects(home, gguf, tmp_path):
@@ -197,6 +209,10 @@ def test_add_rejects(home, gguf, tmp_path):
         add_user_model("x", notgguf)
     with pytest.raises(ConfigError, match="no such file"):
         add_user_model("x", tmp_path / "missing.gguf")
+    garbage = tmp_path / "garbage.gguf"  # the magic and version right, the rest noise: llama.cpp could not load it
+    garbage.write_bytes(gguf.read_bytes()[:8] + bytes(range(256)) * 10)
+    with pytest.raises(ConfigError, match="truncated or corrupt GGUF .*failed to read key-value pairs"):
+        add_user_model("x", garbage)
     with pytest.raises(ConfigError, match="built-in"):
         add_user_model(DRAFT, gguf)
     with pytest.raises(ConfigError, match="pair"):

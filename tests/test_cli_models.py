@@ -112,6 +112,9 @@ def _make_bad(kind: str, tmp: Path, good: Path) -> tuple[Path, tuple[str, ...]]:
     if kind == "cut-in-half":
         p.write_bytes(data[: len(data) // 2])
         return p, (f"truncated or corrupt GGUF ({len(data) // 2:,} bytes)", "not within the file bounds")
+    if kind == "garbage-after-magic":
+        p.write_bytes(data[:8] + bytes(range(256)) * 40)
+        return p, ("GGUF (10,248 bytes)",)  # the header reader and llama.cpp word it each their way
     if kind == "newer-version":
         p.write_bytes(b"GGUF" + (99).to_bytes(4, "little") + data[8:])
         return p, ("version 99", "only supports up to version 3")
@@ -123,7 +126,7 @@ def _make_bad(kind: str, tmp: Path, good: Path) -> tuple[Path, tuple[str, ...]]:
 
 BAD_KINDS = [
     "missing", "directory", "text", "empty", "magic-only", "cut-in-header", "cut-in-half",
-    "newer-version", "unsupported-arch",
+    "garbage-after-magic", "newer-version", "unsupported-arch",
 ]
 
 
@@ -138,6 +141,23 @@ def test_bad_file_gives_one_line(tmp_path, tiny_target, kind, how):
     else:
         r = _invoke("models", "check", tiny_target, bad)
     _assert_one_line_error(r, bad, *fragments)
+
+
+@pytest.mark.parametrize("kind", ["magic-only", "cut-in-header", "cut-in-half", "garbage-after-magic",
+                                  "newer-version"])
+def test_models_add_refuses_a_file_whose_header_does_not_parse(easd_home, tmp_path, tiny_target, kind):
+    """Refused when added, in one line, rather than registered and failing at every load."""
+    bad, fragments = _make_bad(kind, tmp_path, tiny_target)
+    _assert_one_line_error(_invoke("models", "add", "x", bad), bad, *fragments)
+    assert not (easd_home / "user-catalog.json").exists()
+
+
+def test_models_add_takes_an_architecture_the_gguf_package_does_not_know(easd_home, tmp_path):
+    """A newer llama.cpp may know it: `models add` does not judge, `models inspect` says it."""
+    p = tmp_path / "new-arch.gguf"
+    _unsupported_arch(p)
+    r = _invoke("models", "add", "x", p)
+    assert r.exit_code == 0 and "added x" in r.stdout, r.output
 
 
 def test_console_script_shows_no_traceback(tmp_path, tiny_target):

@@ -258,6 +258,39 @@ def test_add_pair_by_path_then_use_it_by_name(home, tiny_draft, tiny_target):
     assert load_catalog().pair("tiny2").draft.name == tiny_draft.stem
 
 
+def test_add_pair_again_says_what_it_replaced(home, tiny_draft, tiny_target, tiny_target_q4):
+    assert cli("models", "add-pair", "p1", "-md", tiny_draft, "-m", tiny_target).exit_code == 0
+    r = cli("models", "add-pair", "p1", "-md", tiny_draft.stem, "-m", tiny_target_q4)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[0] == f"replaced pair p1 (was {tiny_draft.stem} -> {tiny_target.stem})"
+    assert load_catalog().pair("p1").target.name == tiny_target_q4.stem
+
+
+def test_models_add_keeps_the_user_pairs_that_use_the_name_right(home, tiny_draft, tiny_target, tiny_target_q4,
+                                                                   tiny_odd):
+    """Re-pointing a model that a pair uses: refused, naming the pair, when the new file breaks
+    the pair (else `models list` says compatible and `generate --pair` fails); else the pair's
+    stored check is made again."""
+    assert cli("models", "add-pair", "p1", "-md", tiny_draft, "-m", tiny_target).exit_code == 0
+    before = (home / "user-catalog.json").read_bytes()
+    r = cli("models", "add", tiny_draft.stem, tiny_odd)
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (f"error: {tiny_draft.stem} not replaced: pair p1 ({tiny_draft.stem} -> "
+                                f"{tiny_target.stem}) would break: vocabularies differ at token id 267: draft 'ly' "
+                                "vs target 'ou'; add the file under another name")
+    assert (home / "user-catalog.json").read_bytes() == before
+    data = read_user_catalog()
+    data["pairs"]["p1"]["check"]["checked"] = "then"
+    (home / "user-catalog.json").write_text(json.dumps(data))
+    r = cli("models", "add", tiny_draft.stem, tiny_target_q4)  # same vocabulary: the pair holds
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[0] == f"replaced model {tiny_draft.stem} (was {tiny_draft.resolve()})"
+    assert "pair p1 checked again: compatible, shared vocabulary 306 tokens" in r.stdout
+    pr = load_catalog().pair("p1")
+    assert pr.draft.path == tiny_target_q4.resolve() and pr.check["checked"] != "then"
+    assert pr.check["shared_vocab"] == 306 and pr.description == data["pairs"]["p1"]["description"]
+
+
 def test_add_pair_refuses_an_incompatible_pair_and_stores_nothing(home, tiny_odd, tiny_target):
     r = cli("models", "add-pair", "bad", "--draft", tiny_odd, "--target", tiny_target)
     assert r.exit_code == 2

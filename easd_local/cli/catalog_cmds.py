@@ -11,8 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..store import filehash
-from ..store.catalog import add_user_model, load_catalog, local_path, register_user_model
-from ..errors import ConfigError, PullError
+from ..store.catalog import (PairEntry, add_user_model, add_user_pair, load_catalog, local_path,
+                             register_user_model)
+from ..errors import ConfigError, ModelLoadError, PairError, PullError
+from ..llamacpp.gguf_info import check_gguf_header
 from ..store.hub import hub_entry, is_hub_ref, parse_hub_ref
 from ..store.pull import CacheCheck, check_cached, corrupt_message, ensure_models
 from ..units import SIZE_UNITS_NOTE, human_size
@@ -220,11 +222,59 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         role: Annotated[Optional[str], typer.Option("--role", metavar="draft|target",
                                                     help="What the model is for (informational). \\[default: none]")] = None,
     ) -> None:
-        """Register a local GGUF file in the user catalog (records size and sha256)."""
+        """Register a local GGUF file in the user catalog (records size and sha256).
+
+        An existing user model of that name is replaced, if each user pair that uses it still passes the pair check.
+        """
+        old = load_catalog().models.get(name)
+        rechecked = _recheck_pairs(name, path)
         entry = add_model_with_bar(name, path, role)
+        for pr, n_shared in rechecked:  # their stored verdicts were about the old file
+            add_user_pair(pr.name, pr.draft.name, pr.target.name, pair_check_record(n_shared), pr.description)
+        if old is not None and old.user:
+            console.print(Text(f"replaced model {name} (was {local_path(old)})"), soft_wrap=True)
         console.print(Text(
             f"added {entry.name}: {human_size(entry.size)}, sha256 {entry.sha256[:12]}…, "
             f"role {entry.role or '-'}  {entry.path}"), soft_wrap=True)
+        for pr, n_shared in rechecked:
+            console.print(Text(f"pair {pr.name} checked again: compatible, shared vocabulary {n_shared:,} tokens"),
+                          soft_wrap=True)
+
+
+def _recheck_pairs(name: str, path: str) -> list[tuple[PairEntry, int]]:
+    """The user pairs that use model ``name``, each checked with the file ``path`` in its place:
+    (pair, shared vocabulary); PairError naming the first pair that the file would break."""
+    from pathlib import Path
+
+    from ..engine.pair import check_pair_files
+
+    pairs = [pr for pr in load_catalog().pairs.values() if pr.user and name in (pr.draft.name, pr.target.name)]
+    if not pairs:
+        return []
+    new = check_gguf_header(Path(path).expanduser())  # a bad file is named as such, not as a broken pair
+    checked = []
+    for pr in pairs:
+        what = f"{name} not replaced: pair {pr.name} ({pr.draft.name} -> {pr.target.name})"
+        d = new if pr.draft.name == name else local_path(pr.draft)
+        t = new if pr.target.name == name else local_path(pr.target)
+        try:
+            checked.append((pr, check_pair_files(d, t)))
+        except PairError as e:
+            raise PairError(f"{what} would break: {e}; add the file under another name") from None
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{what} cannot be checked again: {e}") from None
+    return checked
+
+
+def pair_check_record(n_shared: int) -> dict[str, object]:
+    """What the user catalog keeps of a passed pair check (``models list`` shows it)."""
+    import datetime
+
+    from .. import __version__
+
+    return {"compatible": True, "shared_vocab": n_shared,
+            "checked": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "by": f"easd-local {__version__} (llama.cpp's draft/target vocabulary rules)"}
 
 
 def _verify_targets(names: list[str] | None):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from ..engine.pair import check_pair_files, open_models
 from ..store.resolve import catalog_model, resolve_model
 from ..units import SIZE_UNITS_NOTE, human_size
 from . import options as o
-from .catalog_cmds import add_model_with_bar
+from .catalog_cmds import add_model_with_bar, pair_check_record
 from .common import console, friendly
 from .progress import spinner
 from .pull_ui import DownloadUI
@@ -146,11 +145,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
             add_model_with_bar(d_name, str(d_path), role="draft")
         if t_new and t_path != d_path:
             add_model_with_bar(t_name, str(t_path), role="target")
-        from .. import __version__
-
-        check = {"compatible": True, "shared_vocab": n_shared,
-                 "checked": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                 "by": f"easd-local {__version__} (llama.cpp's draft/target vocabulary rules)"}
-        entry = add_user_pair(name, d_name, t_name, check)
+        old = cat.pairs.get(name)
+        entry = add_user_pair(name, d_name, t_name, pair_check_record(n_shared))
+        if old is not None:  # a user pair (a built-in one was refused above): re-adding is how one is updated
+            console.print(Text(f"replaced pair {name} (was {old.draft.name} -> {old.target.name})"), soft_wrap=True)
         console.print(Text(f"added pair {entry.name}: {d_name} drafting for {t_name}; compatible, shared vocabulary "
                            f"{n_shared:,} tokens. Use it with --pair {entry.name}."), soft_wrap=True)

@@ -179,9 +179,9 @@ def _n_bytes(dims: tuple[int, ...], qtype: int) -> int:
     return n // block * type_size
 
 
-def read_gguf_info(path: str | os.PathLike) -> GgufInfo:
-    import gguf
-
+def _parsed(path: str | os.PathLike) -> tuple[Path, _Header, int, int]:
+    """(path, header, version, file size) of a file whose header parses and whose tensor data
+    lies within it; ModelLoadError with one line otherwise."""
     p = check_gguf_file(path)
     h, version, data_start = _reader(p)
     size = p.stat().st_size
@@ -192,6 +192,19 @@ def read_gguf_info(path: str | os.PathLike) -> GgufInfo:
     if end > size:
         raise ModelLoadError(f"{p}: truncated or corrupt GGUF ({size:,} bytes): tensor data is not within the file "
                              f"bounds (needs {end:,})")
+    return p, h, version, size
+
+
+def check_gguf_header(path: str | os.PathLike) -> Path:
+    """The whole header read, as ``read_gguf_info`` reads it, but an architecture the ``gguf``
+    package does not know passes: the llama.cpp that loads the file may be newer."""
+    return _parsed(path)[0]
+
+
+def read_gguf_info(path: str | os.PathLike) -> GgufInfo:
+    import gguf
+
+    p, h, version, size = _parsed(path)
     fields = h.fields
     arch = str(fields.get("general.architecture") or "unknown")
     if arch not in set(gguf.MODEL_ARCH_NAMES.values()):

@@ -24,7 +24,7 @@ from .. import paths
 from ..errors import ConfigError, ModelLoadError
 from ..fsutil import describe_write_error, locked, write_json_atomic
 from . import filehash
-from ..llamacpp.gguf_file import check_gguf_file
+from ..llamacpp.gguf_info import check_gguf_header
 
 ROLES = ("draft", "target")
 SOURCE_KINDS = ("hf", "pypi", "path")
@@ -274,7 +274,7 @@ def add_user_model(
     except (OSError, RuntimeError):
         raise ConfigError(f"no such file: {path}") from None
     try:
-        check_gguf_file(p)
+        check_gguf_header(p)  # garbage after the magic is refused now, not when a load fails
     except ModelLoadError as e:
         raise ConfigError(str(e)) from None
     size = p.stat().st_size
