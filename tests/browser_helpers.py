@@ -136,6 +136,41 @@ def serve_canned_reply(d, records: list[dict], mode: str = "easd-tf") -> None:
     """Make the page's next chat request get ``records`` as its stream (the page's own fetch,
     replaced for /v1/chat/completions only), with timings that count them and no speed (none
     was measured: the page shows a dash)."""
+    sse = sse_records(records) + sse_end(records, mode)
+    d.execute_script("""
+        const sse = arguments[0], real = window.fetch;
+        window.fetch = (url, init) => String(url).endsWith('/v1/chat/completions')
+          ? Promise.resolve(new Response(sse, {headers: {'Content-Type': 'text/event-stream'}}))
+          : real(url, init);""", sse)
+
+
+def serve_reply_by_hand(d) -> None:
+    """Make the page's next chat request a stream that the test writes as it goes:
+    ``write_reply(d, sse_records(...))``, then ``write_reply(d, sse_end(...))`` (a stream whose
+    pace the test sets, which a server's is not)."""
+    d.execute_script("""
+        const real = window.fetch, enc = new TextEncoder();
+        window.fetch = (url, init) => {
+          if (!String(url).endsWith('/v1/chat/completions')) return real(url, init);
+          const body = new ReadableStream({start(c) {
+            window.easdTestWrite = (text) => { c.enqueue(enc.encode(text)); if (text.includes('[DONE]')) c.close(); };
+          }});
+          return Promise.resolve(new Response(body, {headers: {'Content-Type': 'text/event-stream'}}));
+        };""")
+
+
+def write_reply(d, sse: str) -> None:
+    d.execute_script("window.easdTestWrite(arguments[0])", sse)
+
+
+def sse_records(records: list[dict]) -> str:
+    """The stream's chunks for ``records``, one a token."""
+    chunks = [{"choices": [{"index": 0, "delta": {"content": r["text"]}}], "easd_tokens": [r]} for r in records]
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+
+
+def sse_end(records: list[dict], mode: str = "easd-tf") -> str:
+    """The stream's last chunk, with timings that count all of ``records``, and [DONE]."""
     from collections import Counter
 
     n = Counter(r["origin"] for r in records)
@@ -146,11 +181,5 @@ def serve_canned_reply(d, records: list[dict], mode: str = "easd-tf") -> None:
                "target_tokens": n["target"], "sd_rejections": n["resampled"], "bonus": n["bonus"],
                "ttft_ms": None, "mode": mode, "lossless": False, "tau_draft": 0.8899, "tau_target": 0.7017,
                "thresholds_source": "catalog"}
-    chunks = [{"choices": [{"index": 0, "delta": {"content": r["text"]}}], "easd_tokens": [r]} for r in records]
-    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "timings": timings})
-    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-    d.execute_script("""
-        const sse = arguments[0], real = window.fetch;
-        window.fetch = (url, init) => String(url).endsWith('/v1/chat/completions')
-          ? Promise.resolve(new Response(sse, {headers: {'Content-Type': 'text/event-stream'}}))
-          : real(url, init);""", sse)
+    end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "timings": timings}
+    return f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n"

@@ -12,7 +12,8 @@ import json
 from collections import Counter
 
 import pytest
-from browser_helpers import MATHS_TEXT, chrome, find_browser, serve_canned_reply, token_records, wait
+from browser_helpers import (MATHS_TEXT, chrome, find_browser, serve_canned_reply, serve_reply_by_hand, sse_end,
+                             sse_records, token_records, wait, write_reply)
 from serve_helpers import ServerProc, http, metric_values, openai_client, start_tiny, stop_clean
 
 from easd_local.engine.decoding import ORIGINS
@@ -398,6 +399,59 @@ def test_a_failed_request_keeps_the_question_and_the_focus(server, browser):
 
 
 @needs_browser
+def test_the_page_follows_a_long_reply_until_the_reader_scrolls_up(server, browser):
+    """As llama-server's and LM Studio's pages do: while the reader is at the end, the newest
+    text stays in view (the reader scrolled by hand); a wheel turned up stops that, and back at
+    the end it follows again."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    open_page(d, server)
+    d.find_element(By.ID, "render-md").click()  # the tokens as they came: the same height when it ends
+    serve_reply_by_hand(d)
+    d.find_element(By.ID, "input").send_keys(PROMPT)
+    d.find_element(By.ID, "send").click()
+    records = token_records("".join(f"line {k} of a long reply\n" for k in range(240)))
+    size = -(-len(records) // 6)
+    parts = [records[k:k + size] for k in range(0, len(records), size)]
+    # the end of the chat (its last line, the message box under it) at the window's bottom, or above it
+    below = "document.getElementById('view-chat').getBoundingClientRect().bottom - window.innerHeight"
+    shown = lambda n: f"document.querySelectorAll('.msg.assistant .tok').length === {n}"  # noqa: E731
+
+    def write(k):
+        write_reply(d, sse_records(parts[k]))
+        wait(d, shown(sum(len(p) for p in parts[:k + 1])), what=f"part {k} of the reply")
+
+    def settled():  # where a wheel's smooth scroll ends
+        last = None
+        for _ in range(100):
+            y = d.execute_script("return new Promise(r => requestAnimationFrame(() => r(window.scrollY)))")
+            if y == last:
+                return y
+            last = y
+        raise AssertionError("the page kept scrolling")
+
+    write(0)
+    write(1)
+    assert d.execute_script(f"return {below}") <= 1 and d.execute_script("return window.scrollY") > 1000
+    ActionChains(d).scroll_by_amount(0, -600).perform()
+    y = settled()
+    assert d.execute_script(f"return {below}") > 500
+    write(2)
+    write(3)
+    assert settled() == y  # what the reader scrolled back to read stays put
+    ActionChains(d).scroll_by_amount(0, 100_000).perform()
+    settled()
+    write(4)
+    assert d.execute_script(f"return {below}") <= 1
+    write_reply(d, sse_records(parts[5]) + sse_end(records))
+    wait(d, "document.querySelector('.msg.assistant')?.dataset.state === 'done'")
+    assert d.execute_script(f"return {below}") <= 1
+    no_console_errors(d)
+
+
+@needs_browser
 def test_a_server_that_goes_away_is_named_as_such(tiny_draft, tiny_target, browser, tmp_path):
     """A server killed mid-reply: the reply says the connection was lost (the browser's own
     words were only "network error"), keeps what came, and the question is back in the box; a
@@ -473,7 +527,10 @@ def test_side_by_side(server, client, browser, tmp_path):
     Select(d.find_element(By.ID, "mode-a")).select_by_value("sd")
     Select(d.find_element(By.ID, "mode-b")).select_by_value("easd")
     d.find_element(By.ID, "compare").click()
+    # Compare is disabled while the replies stream: the keyboard stays in the prompt's box (it fell to the page)
+    assert d.execute_script("return document.activeElement.id") == "compare-input"
     wait(d, "document.getElementById('compare-out').dataset.state", what="both replies")
+    assert d.execute_script("return document.activeElement.id") == "compare-input"
     out = d.find_element(By.ID, "compare-out")
     assert out.get_attribute("data-state") == "done"
     name = client.models.list().data[0].id
@@ -559,6 +616,60 @@ def test_the_page_asks_for_the_api_key(tiny_draft, tiny_target, browser, tmp_pat
     finally:
         out = srv.stop()
     assert "Traceback" not in out, out
+
+
+@needs_browser
+def test_side_by_side_asks_once_when_both_requests_are_refused(tiny_draft, tiny_target, browser, tmp_path):
+    """The server restarted with another key: side by side's two requests are refused together
+    and wait for one prompt; with the new key both replies come (a second prompt took the first's
+    place, and the first request never ended)."""
+    import time
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    for sub in ("old", "new"):
+        (tmp_path / sub).mkdir()
+    srv = start(tiny_draft, tiny_target, tmp_path / "old", "--api-key", "sesame")
+    try:
+        d = browser
+        d.get(srv.base + "/")
+        wait(d, "document.getElementById('key-dialog').open", what="the key dialog")
+        d.find_element(By.ID, "key-input").send_keys("sesame")
+        d.find_element(By.ID, "key-submit").click()
+        wait(d, "document.body.dataset.ready", what="the page with the key")
+        d.find_element(By.ID, "tab-compare").click()
+        d.find_element(By.ID, "compare-input").send_keys(PROMPT)
+    finally:
+        stop_clean(srv)
+    d.get_log("browser")  # the first refusal's line
+    srv = start(tiny_draft, tiny_target, tmp_path / "new", "--api-key", "opensesame", "--port", str(srv.port))
+    try:
+        d.find_element(By.ID, "compare").click()
+        refused, t_end = [], time.monotonic() + 30
+        while len(refused) < 2 and time.monotonic() < t_end:  # both requests refused before the key is given
+            refused += [e for e in d.get_log("browser") if "status of 401" in e["message"]]
+        assert len(refused) == 2, refused
+        assert d.execute_script("return document.getElementById('key-dialog').open")
+        assert "refused" in d.find_element(By.ID, "key-error").text
+        # Esc: both requests end (one of them waited forever)
+        d.find_element(By.ID, "key-input").send_keys(Keys.ESCAPE)
+        wait(d, "document.getElementById('compare-out').dataset.state", 30, what="both requests to end")
+        # (Esc also stops what is running, as it does anywhere on the page)
+        ends = d.execute_script("return [...document.querySelectorAll('#compare-out .stream')].map(s => "
+                                "s.dataset.state)")
+        assert ends == ["stopped", "stopped"], ends
+        d.find_element(By.ID, "compare").click()
+        wait(d, "document.getElementById('key-dialog').open", 30, what="the key dialog again")
+        d.find_element(By.ID, "key-input").send_keys("opensesame")
+        d.find_element(By.ID, "key-submit").click()
+        wait(d, "document.getElementById('compare-out').dataset.state", 60, what="both replies")
+        out = d.find_element(By.ID, "compare-out")
+        assert out.get_attribute("data-state") == "done" and out.get_attribute("data-timings1")
+        assert not d.execute_script("return document.getElementById('key-dialog').open")
+        no_console_errors_but(d, "status of 401")
+    finally:
+        stop_clean(srv)
 
 
 def test_a_recorded_easd_loss_is_said_where_the_mode_is_picked(tiny_draft, tiny_target, tmp_path, monkeypatch):

@@ -38,11 +38,14 @@
     return `HTTP ${r.status}`;
   }
 
-  // fetch with the key; a 401 asks for the key and tries again
+  // fetch with the key; a 401 asks for the key and tries again (at once where another request's
+  // prompt got a new key while this one was on its way)
   async function call(path, init = {}) {
     for (;;) {
+      const sent = state.key;
       const r = await fetch(path, { ...init, headers: headers() });
       if (r.status !== 401) return r;
+      if (state.key !== sent) continue;
       await askKey(state.key ? "That key was refused: " + (await errorText(r)) : "");
     }
   }
@@ -50,7 +53,15 @@
   // Esc closes the dialog without a key: the request fails with NO_KEY (else it would wait forever)
   const NO_KEY = "this server needs its API key (it was started with --api-key), and none was given";
 
+  // requests refused together (side by side's two) wait for one prompt: a second prompt took
+  // over the dialog's handlers, and the first request waited forever
+  let asking = null;
   function askKey(message) {
+    if (!asking) asking = promptKey(message).finally(() => { asking = null; });
+    return asking;
+  }
+
+  function promptKey(message) {
     const dlg = $("key-dialog");
     $("key-error").textContent = message;
     $("key-input").value = "";
@@ -116,6 +127,7 @@
         if (obj.error) throw new Error(obj.error.message);
         onChunk(obj, view);
       }
+      keepInView();
     }
     if (!view.timings) throw new Error("the stream ended early");
     return view.timings;
@@ -128,6 +140,36 @@
       view.body.append(obj.choices[0].delta.content); // a server without the extension
     }
     if (obj.timings) view.timings = obj.timings;
+  }
+
+  // ---------------------------------------------------------------- following a reply
+  // as llama-server's and LM Studio's pages do: while the reader is at the end of the view, the
+  // newest text stays in view; scrolling up stops that, coming back down to the end starts it again
+  const follow = { on: true, lastY: window.scrollY };
+  const NEAR = 40; // px: a reader this close to the end is at it
+
+  // how far the end of the view shown (the chat and its message box, or side by side's replies)
+  // is below the window's bottom: the legend and settings may come after it on a phone
+  function belowView() {
+    const view = $("view-chat").hidden ? $("view-compare") : $("view-chat");
+    return view.getBoundingClientRect().bottom - window.innerHeight;
+  }
+
+  function onScroll() {
+    const y = window.scrollY;
+    if (belowView() <= NEAR) follow.on = true;
+    else if (y < follow.lastY) follow.on = false;
+    follow.lastY = y;
+  }
+
+  function keepInView() {
+    const d = belowView();
+    if (follow.on && d > 0) window.scrollBy({ top: d, behavior: "instant" });
+  }
+
+  function startFollowing() {
+    follow.on = true;
+    keepInView();
   }
 
   // ---------------------------------------------------------------- replies
@@ -385,7 +427,7 @@
     const ctl = new AbortController();
     state.running = ctl;
     setBusy(true);
-    a.scrollIntoView({ block: "nearest" });
+    startFollowing();
     try {
       const t = await stream({ ...body, messages: state.history }, view, ctl.signal);
       state.history.push({ role: "assistant", content: viewText(view) });
@@ -404,6 +446,7 @@
     } finally {
       state.running = null;
       setBusy(false);
+      keepInView(); // drawn as Markdown, or an error under it: the reply's height changed
     }
   }
 
@@ -519,12 +562,14 @@
   async function compare() {
     const prompt = $("compare-input").value;
     if (!prompt.trim() || state.running || !state.props) return;
+    $("compare-input").focus(); // Compare is disabled while the replies stream: the keyboard stays in the box
     const modes = [$("mode-a").value, $("mode-b").value];
     const body = settingsBody();
     delete body.mode;
     if (Number(body.temperature) > 0) body.seed = Math.floor(Math.random() * 2 ** 31); // one seed for both
     const out = $("compare-out");
     out.textContent = "";
+    delete out.dataset.state; // the last comparison's: these replies are streaming
     delete out.dataset.parts;
     delete out.dataset.firstPart;
     $("compare-summary").textContent = "";
@@ -546,6 +591,7 @@
     const ctl = new AbortController();
     state.running = ctl;
     setBusy(true);
+    startFollowing();
     const messages = [{ role: "user", content: prompt }];
     const results = await Promise.allSettled(views.map((v, k) => stream({ ...body, mode: modes[k], messages }, v, ctl.signal)));
     state.running = null;
@@ -561,6 +607,7 @@
       align(views, modes);
     }
     out.dataset.state = ok ? "done" : "incomplete";
+    keepInView(); // lined up (or an error under a reply), the replies' height changed
   }
 
   // ---------------------------------------------------------------- wiring
@@ -579,6 +626,11 @@
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); send(); }
     });
     document.addEventListener("keydown", (ev) => { if (ev.key === "Escape" && state.running) stop(); });
+    window.addEventListener("scroll", onScroll, { passive: true });
+    // a wheel turned up stops following at once: a chunk's scroll could undo it before its scroll event
+    window.addEventListener("wheel", (ev) => {
+      if (ev.deltaY < 0 && window.scrollY > 0 && !ev.target.closest?.("textarea")) follow.on = false;
+    }, { passive: true });
     $("stop").addEventListener("click", stop);
     $("compare-stop").addEventListener("click", stop);
     $("new-chat").addEventListener("click", newChat);
