@@ -5,13 +5,11 @@ full disk or Ctrl-C leaves no half-written file."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .fsutil import describe_write_error, plain_mode, refuse_non_file
+from .fsutil import describe_write_error, write_atomic
 
 INSTALL = "pip install 'easd-local[plot]' (or matplotlib)"
 
@@ -38,25 +36,10 @@ def save(fig, path: str | Path) -> Path:
     a bad path, a full disk or a format matplotlib does not know."""
     out = Path(path).expanduser()
     fmt = out.suffix[1:].lower() or "png"
-    tmp = None
     try:
-        refuse_non_file(out)  # the rename would replace a device or a pipe
-        out.parent.mkdir(parents=True, exist_ok=True)
-        mode = plain_mode(out)
-        fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=fmt)
-        os.replace(tmp, out)
-        tmp = None
+        write_atomic(out, lambda f: fig.savefig(f, format=fmt))
     except OSError as exc:
         raise ConfigError(f"cannot write {out}: {describe_write_error(out, exc)}") from None
     except ValueError as exc:  # an unknown format
         raise ConfigError(f"cannot write {out}: {exc}") from None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     return out

@@ -9,14 +9,19 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write to a temporary file beside ``path``, fsync, then rename over it. OSError, with
-    nothing written, when ``path`` is there and is not a regular file. The file keeps its
-    permissions, or a new one gets a plain write's (the temporary file's 0600 would hide a
-    report or a results file from whoever could read it before)."""
+    return write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], object]) -> Path:
+    """``write(f)`` into a temporary file beside ``path``, fsync, then rename it over ``path``:
+    the whole file or none. OSError, with nothing written, when ``path`` is there and is not a
+    regular file. The file keeps its permissions, or a new one gets a plain write's (the
+    temporary file's 0600 would hide a report or a results file from whoever could read it
+    before). Whatever ``write`` raises leaves no temporary file."""
     path = Path(path)
     refuse_non_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -24,8 +29,8 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
