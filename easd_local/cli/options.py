@@ -21,7 +21,7 @@ from .. import host
 from ..errors import ConfigError
 from ..fsutil import describe_write_error, refuse_non_file
 from ..engine.ways import auto_mode
-from ..engine.modes import parse_way_label, spec_kinds, way_label
+from ..engine.modes import resolve_way_label, way_label
 from ..llamacpp.rpc import parse_endpoints, parse_tensor_split
 from ..llamacpp.devices import gpu_offload_supported
 from ..engine.pair import check_pair_files
@@ -251,12 +251,7 @@ def decode_flags(params: dict) -> dict:
     way's label as the tool prints it (``sd:ngram-simple``): its drafters become --spec-type."""
     flags = {k: params[k] for k in DECODE_FLAGS}
     if flags["mode"] is not None:
-        flags["mode"], kinds = parse_way_label(flags["mode"])
-        if kinds is not None:
-            given = flags["spec_type"]
-            if given is not None and spec_kinds(given) != spec_kinds(kinds):
-                raise ConfigError(f"--mode {params['mode']} drafts with {kinds}, --spec-type says {given}: give one")
-            flags["spec_type"] = kinds
+        flags["mode"], flags["spec_type"] = resolve_way_label(flags["mode"], flags["spec_type"])
     return flags
 
 

@@ -120,6 +120,18 @@ def parse_way_label(text: str) -> tuple[str, str | None]:
     return mode, ",".join(spec_kinds(kinds.replace("+", ",")))
 
 
+def resolve_way_label(text: str, spec_type: str | None) -> tuple[str, str | None]:
+    """(mode, drafters) of a mode given as ``text`` (``parse_way_label``) beside a separately
+    given ``spec_type`` (None: not given): a label's drafters stand for it, and a label and a
+    spec_type that name different drafters are one ConfigError."""
+    mode, kinds = parse_way_label(text)
+    if kinds is None:
+        return mode, spec_type
+    if spec_type is not None and spec_kinds(spec_type) != spec_kinds(kinds):
+        raise ConfigError(f"mode {text!r} drafts with {kinds}, spec-type {spec_type!r} with others: give one")
+    return mode, kinds
+
+
 def needs_draft_model(mode: str, spec_type: str) -> bool:
     """Whether decoding ``mode`` with drafters ``spec_type`` loads the draft model."""
     info = mode_info(mode)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..engine.config import DecodeConfig
-from ..engine.modes import parse_way_label, spec_kinds
+from ..engine.modes import resolve_way_label
 from ..errors import ConfigError
 
 MAX_STOP_STRINGS = 16
@@ -235,10 +235,7 @@ def _split_way_label(overrides: dict) -> None:
     """``mode`` as the server's load line and /props name a way (``sd:ngram-simple``): its
     drafters become ``spec_type``."""
     try:
-        mode, kinds = parse_way_label(overrides["mode"])
-        given = overrides.get("spec_type")
-        if kinds is not None and given is not None and spec_kinds(given) != spec_kinds(kinds):
-            raise ConfigError(f"'mode' {overrides['mode']!r} drafts with {kinds}, 'spec_type' says {given!r}: give one")
+        mode, kinds = resolve_way_label(overrides["mode"], overrides.get("spec_type"))
     except ConfigError as e:
         raise bad(str(e), "mode", code="invalid_value") from None
     overrides["mode"] = mode
