@@ -16,13 +16,11 @@ from ..store import provenance
 from ..engine.config import MODES, DecodeConfig
 from ..engine.prompt_store import DEFAULT_CACHE_RAM_MIB
 from ..errors import ConfigError, EasdError
+from ..server.protocol import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY
 from ..engine.pair import open_models
 from . import options as o
 from .common import err_console, friendly
 from .render import placement_line, repack_news
-
-
-BODY_TIMEOUT_S = 600.0  # llama-server's --timeout default
 
 
 def is_loopback(host: str) -> bool:
@@ -61,10 +59,10 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         queue: Annotated[int, typer.Option("--queue", help="Requests that may wait for a slot; past it: 503.")] = 64,
         api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="EASD_LOCAL_API_KEY",
                            help="Require 'Authorization: Bearer KEY' (all endpoints but /health). \\[default: none: no key]")] = None,
-        max_body: Annotated[int, typer.Option("--max-body", help="Largest request body in bytes (413 past it).")] = 4 * 1024 * 1024,
+        max_body: Annotated[int, typer.Option("--max-body", help="Largest request body in bytes (413 past it).")] = DEFAULT_MAX_BODY,
         timeout: Annotated[float, typer.Option("--timeout", "-to", help="Seconds a request body may go without a "
                            "byte arriving before the request is answered 408 (llama-server's --timeout).")
-                           ] = BODY_TIMEOUT_S,
+                           ] = DEFAULT_BODY_TIMEOUT_S,
         cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", metavar="ORIGIN",
                                help="A browser origin (https://chat.example.org) whose pages may call the API, "
                                     "besides this machine's own (http://localhost:PORT...); repeatable; '*': any, "

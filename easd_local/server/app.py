@@ -35,15 +35,14 @@ from ..engine.decoding import Finished, TokenEvent
 from ..errors import ContextOverflowError, EasdError
 from .engine import Admitted, Engine, Failed, Job, NotReady, QueueFull, Rejected, Request, ShuttingDown
 from .metrics import CONTENT_TYPE
-from .protocol import ApiError, ApiRequest, bad, param_of, parse_request, request_config
+from .protocol import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY, ApiError, ApiRequest, bad, param_of, parse_request,
+                       request_config)
 from .responses import (Tally, chunk, completion, finish_reason, new_id, timings_from_stats, timings_from_tally,
                         usage, usage_chunk)
 from .spans import TokenSpans
 from .stops import StopMatcher
 from . import webui
 
-DEFAULT_MAX_BODY = 4 * 1024 * 1024
-DEFAULT_BODY_TIMEOUT_S = 600.0  # llama-server's --timeout
 DRAIN_LIMIT = 64 * 1024 * 1024  # an oversized body is read and dropped up to this, so the client sees the 413
 RETRY_AFTER_S = 1
 # pages served from this machine (another local UI, a notebook) may call the API from their own

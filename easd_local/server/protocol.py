@@ -21,6 +21,8 @@ from ..engine.modes import resolve_way_label
 from ..errors import ConfigError
 
 MAX_STOP_STRINGS = 16
+DEFAULT_MAX_BODY = 4 * 1024 * 1024  # bytes (serve --max-body)
+DEFAULT_BODY_TIMEOUT_S = 600.0  # seconds a request body may stall (serve --timeout: llama-server's flag and default)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 # extension field -> (DecodeConfig field, kind)
