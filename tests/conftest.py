@@ -64,6 +64,21 @@ def _tiny_verdicts() -> dict[str, repack.Repack]:
             for key, path in _session_tiny_models().items()}
 
 
+def tiny_repack_off() -> bool:
+    """Whether this CPU's self-test turned weight repacking off for the tiny pair (an AMX Xeon
+    where llama.cpp #20824 bites): commands then say so once, in a line of its own."""
+    verdicts = _tiny_verdicts()
+    return not (verdicts["draft"].extra_bufts and verdicts["target"].extra_bufts)
+
+
+def without_repack_note(lines: list[str]) -> list[str]:
+    """``lines`` less the one repacking note, which must be there exactly when this CPU's
+    self-test turned repacking off for the tiny pair (never forced: the machine decides)."""
+    notes = [i for i, ln in enumerate(lines) if "weight repacking off: llama.cpp's AMX kernels crashed" in ln]
+    assert len(notes) == (1 if tiny_repack_off() else 0), lines
+    return [ln for i, ln in enumerate(lines) if i not in notes]
+
+
 def repack_line() -> str:
     """The CPU's AMX and AVX flags and the weight-repacking verdicts the suite runs with."""
     from easd_local.llamacpp import gguf_info

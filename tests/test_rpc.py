@@ -25,6 +25,7 @@ import pytest
 from easd_local.llamacpp import rpc
 from easd_local.lifeline import preexec
 from easd_local.errors import ConfigError
+from conftest import without_repack_note
 
 CLI = [sys.executable, "-c", "from easd_local.cli import main; main()"]
 RPC_DIR = rpc.backend_dir()  # resolved before any test moves EASD_LOCAL_HOME
@@ -226,7 +227,7 @@ def test_target_through_rpc_equals_local(server, tmp_path, tiny_draft, tiny_targ
 def test_models_check_lists_layers_by_device(server, tmp_path, tiny_draft, tiny_target):
     r = cli(["models", "check", str(tiny_draft), str(tiny_target), "--rpc", server], tmp_path)
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.strip().splitlines()
+    lines = without_repack_note(r.stdout.strip().splitlines())
     # the tiny target has 4 blocks + the output layer, the draft 2 + 1; the draft stays local
     assert lines[-2:] == [f"target layers: 5/5 on RPC0 ({server})", "draft layers: 3/3 on CPU"]
 
