@@ -15,6 +15,7 @@ from ..engine import rules
 from ..engine.config import DecodeConfig
 from ..engine.modes import mode_info
 from ..bench.schema import read_number
+from ..jsonsafe import json_number
 from .corpus import Measured
 from .passes import Pass
 from .predict import GAMMAS, Costs, Rows, Simulated, iid_speedup, iid_tokens_per_verify, simulate, speedup
@@ -30,11 +31,6 @@ class DraftInfo:
 
 def _r(x: float, nd: int = 4):
     return None if x is None or not math.isfinite(x) else round(float(x), nd)
-
-
-def _tau(x: float):
-    """A threshold as JSON: ``"inf"`` when off (JSON has no infinity)."""
-    return x if math.isfinite(x) else "inf"
 
 
 def gate_fires(rows: Rows, tau_draft: float, tau_target: float, tau_overlap: float) -> np.ndarray:
@@ -110,7 +106,7 @@ def draft_summary(ps: Pass, d: int, info: DraftInfo, costs: Costs | None, settin
     open_ = rules.gate(rows.h_draft, rows.h_target, rows.overlap, cfg.tau_draft, cfg.tau_target, cfg.overlap)
     easd = _sim(ps, d, cfg.gamma, gate=(cfg.tau_draft, cfg.tau_target, cfg.overlap))
     out["gate"] = {
-        "tau_draft": _tau(cfg.tau_draft), "tau_target": _tau(cfg.tau_target),
+        "tau_draft": json_number(cfg.tau_draft), "tau_target": json_number(cfg.tau_target),
         "overlap": cfg.overlap, "top_n": cfg.top_n, "thresholds_source": info.thresholds_source,
         "fires_per_100_easd_tf_greedy": _r(100.0 * fires.mean()) if n else None,
         "fires_per_100_easd_tf_sampled": _r(100.0 * float((open_ * rows.alpha).mean())) if n else None,
