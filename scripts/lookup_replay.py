@@ -3,7 +3,8 @@
 with this machine's recorded verify costs (``easd-local pair costs``): what the lookup drafter's
 policy gives (``pairscore.lookup.simulate``, one drafter's book carried through the set, as a
 server's), the same policy blind to its second witness (every match counted as ``ONCE``: the
-policy before it), the policy without its stop-loss per text (``policy.Ledger``), and what a
+policy before it), the policy without its stop-loss per text (``policy.Ledger``), with the
+stop-loss's first form (break-even after 8 decodes, sessions 25-29), and what a
 drafter that followed the same places and knew how many of its tokens would be accepted would
 give (the ceiling of any length policy). Decode time only, no
 llama.cpp decode: the target's texts and the prompts (tokenized with the target's vocabulary)
@@ -142,7 +143,7 @@ def main(argv: list[str]) -> int:
     curve = read_curve(a.price) if a.price else None
     if a.price and curve is None:
         ap.error(f"--price {a.price}: not a verify_curve.py --json file")
-    from easd_local.engine.drafters.policy import AcceptanceBook, extend_costs
+    from easd_local.engine.drafters.policy import AcceptanceBook, Ledger, extend_costs
     from easd_local.llamacpp.runtime import ModelFile
     from easd_local.pairscore.lookup import K_MAX, simulate
 
@@ -160,15 +161,18 @@ def main(argv: list[str]) -> int:
     if a.study:
         sets.append((f"{a.study.name} (questions {a.skip + 1}-)", study_texts(a.study, vocab, a.skip, a.limit)))
     for name, texts in sets:
-        book, blind_book, loose_book = AcceptanceBook(costs), AcceptanceBook(costs), AcceptanceBook(costs)
-        policy, blind, loose, best = [], [], [], []
+        book, blind_book, loose_book, first_book = (AcceptanceBook(costs) for _ in range(4))
+        policy, blind, loose, first, best = [], [], [], [], []
         for prompt, text in texts:
             policy.append(priced(simulate(prompt, text, book), price))
             blind.append(priced(simulate(prompt, text, blind_book, witnessed=False), price))
             loose.append(priced(simulate(prompt, text, loose_book, ledger=False), price))
+            first.append(priced(simulate(prompt, text, first_book, ledger=Ledger(slack=0.0, warm=8.0)), price))
             best.append(oracle(prompt, text, price))
         for what, xs in (("the drafter's policy", policy), ("the policy blind to its witness", blind),
-                         ("the policy without its stop-loss", loose), ("knowing the accepted length", best)):
+                         ("the policy without its stop-loss", loose),
+                         ("the policy with its first stop-loss (break-even after 8 decodes)", first),
+                         ("knowing the accepted length", best)):
             print(f"{name}: {len(xs)} texts, {what}: median {statistics.median(xs):.3f}x, "
                   f"mean {statistics.mean(xs):.3f}x, min {min(xs):.3f}x, max {max(xs):.3f}x, "
                   f"below 0.95x {sum(x < 0.95 for x in xs)}")

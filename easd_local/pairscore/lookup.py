@@ -44,20 +44,21 @@ class LookupSim:
 
 def simulate(prompt: Sequence[int], text: Sequence[int], book: AcceptanceBook, *, size_n: int = 2,
              size_m: int = 16, may_draft: Callable[[int], bool] | None = None,
-             witnessed: bool = True, ledger: bool = True) -> LookupSim:
+             witnessed: bool = True, ledger: bool | Ledger = True) -> LookupSim:
     """Greedy lookup SD along ``text`` after ``prompt``; ``book`` carries what the drafter
     learnt (pass one book through a corpus, as one server's drafter would). ``may_draft(i)``:
     a rule tried on top of the drafter's (``scripts/lookup_confidence.py``), asked before
     proposing at text position ``i``; False: no proposal there. ``witnessed=False``: every
     match counted as ``ONCE`` (the policy before the drafter read its second witness;
     ``scripts/lookup_replay.py`` compares the two). ``ledger=False``: no stop-loss per text
-    (``policy.Ledger``: the policy before it)."""
+    (``policy.Ledger``: the policy before it); a fresh ``Ledger``: the stop-loss with its
+    settings."""
     out = LookupSim()
     seq = list(prompt)
     idx = L._SlotIndex(0, size_n)
     i, n = 0, len(text)
     costs = book.costs
-    own = Ledger() if ledger else None
+    own = ledger if isinstance(ledger, Ledger) else Ledger() if ledger else None
     while i < n:
         e, length, witness = L.witnessed_match(seq, idx)
         if not witnessed:
