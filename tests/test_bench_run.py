@@ -256,7 +256,7 @@ def test_parallel_that_does_not_fit_is_refused_in_one_line(tmp_path, tiny_draft,
               "--parallel", 8, "--out", out)
     assert r.exit_code == 2
     assert "KV cache for 8 sequences × 1024 tokens needs" in r.stderr and "lower --parallel or --ctx" in r.stderr
-    assert "Traceback" not in r.output and not (out.exists() and out.read_text())
+    assert "Traceback" not in r.output and not out.exists()  # no empty results file left behind
     r = bench("--dataset", "gsm8k", "--limit", 2, *files(tiny_draft, tiny_target), *FAST, "--parallel", 0,
               "--out", out)
     assert r.exit_code == 2 and "--parallel must be between 1 and 256" in r.stderr
@@ -411,6 +411,20 @@ def test_missing_model_file_is_one_line_before_the_results_file(tmp_path, tiny_d
     assert r.exit_code == 2, r.output
     assert "gone.gguf: file not found" in r.stderr and "Traceback" not in r.output
     assert not out.exists()  # checked before the results file is opened
+
+
+def test_a_model_that_will_not_load_leaves_no_results_file(tmp_path, tiny_draft):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    out = tmp_path / "r.jsonl"
+    r = bench("--dataset", "gsm8k", "--limit", 1, "--modes", "target", *files(tiny_draft, bad), *FAST, "--out", out)
+    assert r.exit_code == 2, r.output
+    assert "error:" in r.stderr and "Traceback" not in r.output
+    assert not out.exists()  # the file this run opened, with no row in it, is removed
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("")  # a file that was there before the run is the user's: left as it was
+    r = bench("--dataset", "gsm8k", "--limit", 1, "--modes", "target", *files(tiny_draft, bad), *FAST, "--out", kept)
+    assert r.exit_code == 2 and kept.exists()
 
 
 # ---------------------------------------------------------------------- report

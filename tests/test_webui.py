@@ -655,10 +655,11 @@ def test_side_by_side_asks_once_when_both_requests_are_refused(tiny_draft, tiny_
         # Esc: both requests end (one of them waited forever)
         d.find_element(By.ID, "key-input").send_keys(Keys.ESCAPE)
         wait(d, "document.getElementById('compare-out').dataset.state", 30, what="both requests to end")
-        # (Esc also stops what is running, as it does anywhere on the page)
+        # Esc answered the dialog: each request says the key is missing (not "stopped", as the
+        # page's Esc elsewhere would have it)
         ends = d.execute_script("return [...document.querySelectorAll('#compare-out .stream')].map(s => "
-                                "s.dataset.state)")
-        assert ends == ["stopped", "stopped"], ends
+                                "[s.dataset.state, s.textContent])")
+        assert [e[0] for e in ends] == ["error", "error"] and all("needs its API key" in e[1] for e in ends), ends
         d.find_element(By.ID, "compare").click()
         wait(d, "document.getElementById('key-dialog').open", 30, what="the key dialog again")
         d.find_element(By.ID, "key-input").send_keys("opensesame")

@@ -34,6 +34,7 @@ class ResultsFile:
         self.torn_bytes = 0  # length of the unterminated tail cut away by open()
         self._keep = 0  # bytes kept (everything up to the last newline)
         self._fh = None
+        self._created = False  # open() made the file: close() removes it if no row came
         p = self.path
         if p.is_dir():
             raise ConfigError(f"--out {str(p)!r} is a directory")
@@ -76,6 +77,7 @@ class ResultsFile:
         p = self.path
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
+            self._created = not p.exists()
             # unbuffered: a row that cannot be written in full is cut away in append(), and
             # no buffered remainder is left for close() to fail on
             self._fh = open(p, "ab", buffering=0)  # noqa: SIM115
@@ -125,7 +127,14 @@ class ResultsFile:
             pass  # what is left is a torn last line, which report skips and --resume cuts
 
     def close(self) -> None:
+        """Unlock; a file this run created and wrote no row to is removed (a model that would
+        not load, Ctrl-C before the first row: no empty results file is left behind)."""
         if self._fh is not None:
+            try:
+                if self._created and os.fstat(self._fh.fileno()).st_size == 0:
+                    self.path.unlink(missing_ok=True)  # still under our lock: no other run wrote
+            except OSError:
+                pass  # an empty file left is harmless: report reads it as no rows
             self._fh.close()
             self._fh = None
 

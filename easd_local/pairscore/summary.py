@@ -16,6 +16,7 @@ from ..engine.config import DecodeConfig
 from ..engine.modes import mode_info
 from ..bench.schema import read_number
 from ..jsonsafe import json_number
+from ..jsonsafe import json_number
 from .corpus import Measured
 from .passes import Pass
 from .predict import GAMMAS, Costs, Rows, Simulated, iid_speedup, iid_tokens_per_verify, simulate, speedup
@@ -147,7 +148,7 @@ def _check(ps: Pass, d: int, m: Measured, settings) -> dict:
             out["note"] = f"run with top-n {c.get('top_n')}, scored with {settings.top_n}: not compared"
             return out
         rows = ps.rows(d, labels)
-        out["tau_draft"], out["tau_target"], out["overlap"] = (_r(x) if math.isfinite(x) else "inf" for x in gate)
+        out["tau_draft"], out["tau_target"], out["overlap"] = (_r(x) if math.isfinite(x) else json_number(x) for x in gate)
         out["fires_per_100_measured"] = _r(m.fires_per_100)
         out["fires_per_100_predicted"] = _r(100.0 * gate_fires(rows, *gate).mean()) if rows.agree.size else None
     return out

@@ -625,7 +625,10 @@
     $("input").addEventListener("keydown", (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); send(); }
     });
-    document.addEventListener("keydown", (ev) => { if (ev.key === "Escape" && state.running) stop(); });
+    // Esc in the key dialog answers the dialog (no key: the waiting requests say so), not the stop button
+    document.addEventListener("keydown", (ev) => {
+      if (ev.key === "Escape" && state.running && !$("key-dialog").open) stop();
+    });
     window.addEventListener("scroll", onScroll, { passive: true });
     // a wheel turned up stops following at once: a chunk's scroll could undo it before its scroll event
     window.addEventListener("wheel", (ev) => {
