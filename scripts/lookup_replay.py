@@ -4,7 +4,7 @@ with this machine's recorded verify costs (``easd-local pair costs``): what the 
 policy gives (``pairscore.lookup.simulate``, one drafter's book carried through the set, as a
 server's), the same policy blind to its second witness (every match counted as ``ONCE``: the
 policy before it), the policy without its stop-loss per text (``policy.Ledger``), with the
-stop-loss's first form (break-even after 8 decodes, sessions 25-29), and what a
+stop-loss's first form (break-even after 8 decodes, sessions 23-29), and what a
 drafter that followed the same places and knew how many of its tokens would be accepted would
 give (the ceiling of any length policy). Decode time only, no
 llama.cpp decode: the target's texts and the prompts (tokenized with the target's vocabulary)

@@ -28,15 +28,15 @@ much slower than the target alone), it holds its proposals back, all but one in 
 until the ledger recovers: a stop-loss per request that bounds what a text that does not repeat
 can lose, in decodes, not in a share of it.
 
-Its first form (session 25) held back as soon as the steps were behind at all, once they had
+Its first form (session 23) held back as soon as the steps were behind at all, once they had
 cost 8 decodes (replayed with the AMD EPYC's costs, ``python scripts/lookup_replay.py``: the
 smallest speed-up over 100 held-out GSM8K answers 0.938x -> 0.975x, medians within 1 %). On the
 Xeon's flatter verify costs (session 30) that held back texts that were a decode or two behind
 early and repeated later; with a slack of 2 decodes, replayed with the Xeon's recorded costs
 (``python scripts/lookup_replay.py``, which replays both; a grid of slack 1-6 with and
-without the warm-up, ad hoc, not kept, chose 2): GSM8K
+without the warm-up chose 2: ``results/lookup-ledger-grid-s30.txt``): GSM8K
 mean 1.073x -> 1.087x (20 bench answers), 1.079x -> 1.089x (100 held out), 20 code edits
-1.758x -> 1.748x; with the AMD EPYC's costs within 1 %, the smallest figure >= 0.963x on every
+1.758x -> 1.748x; with the AMD EPYC's costs within 1.6 %, the smallest figure >= 0.963x on every
 set.
 """
 
