@@ -16,7 +16,6 @@ from ..engine.config import DecodeConfig
 from ..engine.modes import mode_info
 from ..bench.schema import read_number
 from ..jsonsafe import json_number
-from ..jsonsafe import json_number
 from .corpus import Measured
 from .passes import Pass
 from .predict import GAMMAS, Costs, Rows, Simulated, iid_speedup, iid_tokens_per_verify, simulate, speedup

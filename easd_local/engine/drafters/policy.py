@@ -53,6 +53,7 @@ EXPLORE = 8
 BUCKETS = (2, 3, 4, 6, 8, 12, 16)  # a match of at least this many tokens falls in this bucket
 PRIOR = 2.0  # the prior's weight, in tokens
 LEDGER_SLACK = 2.0  # decodes a sequence's drafting steps may lose against the target alone before it holds back
+LEDGER_WARM = 8.0  # ... once they have cost this many decodes: a text is not judged on its first proposal or two
 # what the occurrence before the matched one says of the continuation (``lookup.match``)
 ONCE, AGREE, DISAGREE = 0, 1, 2
 WITNESSES = (ONCE, AGREE, DISAGREE)
@@ -113,7 +114,7 @@ class Ledger:
     # the stop-loss's settings; (0, 8): its first form, held back once the steps had cost 8
     # decodes and were behind at all (``scripts/lookup_replay.py`` replays both)
     slack: float = LEDGER_SLACK
-    warm: float = 0.0
+    warm: float = LEDGER_WARM
 
     def allows(self) -> bool:
         if self.cost < self.warm or self.cost - self.tokens <= self.slack:
