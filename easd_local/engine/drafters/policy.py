@@ -22,22 +22,22 @@ costs, ``python scripts/lookup_replay.py``: the policy's median on 20 code edits
 1.313x, on 10 GSM8K answers 1.005x -> 1.025x).
 
 The book's rates are averages over every sequence; one text can copy less than the average
-says. Each sequence keeps a ``Ledger`` of its own drafting steps: once they have emitted more
-than ``LEDGER_SLACK`` decodes' worth of tokens fewer than they cost (they made the sequence that
-much slower than the target alone), it holds its proposals back, all but one in ``EXPLORE``,
-until the ledger recovers: a stop-loss per request that bounds what a text that does not repeat
-can lose, in decodes, not in a share of it.
+says. Each sequence keeps a ``Ledger`` of its own drafting steps: once they have cost
+``LEDGER_WARM`` decodes and emitted more than ``LEDGER_SLACK`` decodes' worth of tokens fewer
+than they cost (they made the sequence that much slower than the target alone), it holds its
+proposals back, all but one in ``EXPLORE``, until the ledger recovers: a stop-loss per request
+that bounds what a text that does not repeat can lose, in decodes, and does not judge a text
+on its first proposal or two.
 
-Its first form (session 23) held back as soon as the steps were behind at all, once they had
-cost 8 decodes (replayed with the AMD EPYC's costs, ``python scripts/lookup_replay.py``: the
-smallest speed-up over 100 held-out GSM8K answers 0.938x -> 0.975x, medians within 1 %). On the
-Xeon's flatter verify costs (session 30) that held back texts that were a decode or two behind
-early and repeated later; with a slack of 2 decodes, replayed with the Xeon's recorded costs
-(``python scripts/lookup_replay.py``, which replays both; a grid of slack 1-6 with and
-without the warm-up chose 2: ``results/lookup-ledger-grid-s30.txt``): GSM8K
-mean 1.073x -> 1.087x (20 bench answers), 1.079x -> 1.089x (100 held out), 20 code edits
-1.758x -> 1.748x; with the AMD EPYC's costs within 1.6 %, the smallest figure >= 0.963x on every
-set.
+Its first form (session 23) held back after the warm-up as soon as the steps were behind at all
+(replayed with the AMD EPYC's costs, ``python scripts/lookup_replay.py``: the smallest speed-up
+over 100 held-out GSM8K answers 0.938x -> 0.975x, medians within 1 %). On the Xeon's flatter
+verify costs (session 30) that held back texts that were a decode or two behind early and
+repeated later; with a slack of 2 decodes, replayed with the Xeon's recorded costs (``python
+scripts/lookup_replay.py``, which replays both; a grid of slack 1-6 with and without the
+warm-up chose these: ``results/lookup-ledger-grid-s30.txt``): GSM8K mean 1.073x -> 1.087x (20
+bench answers), 1.079x -> 1.090x (100 held out), 20 code edits 1.758x -> 1.763x; with the AMD
+EPYC's costs within 1 %, the smallest figure >= 0.954x on every set.
 """
 
 from __future__ import annotations
@@ -105,14 +105,14 @@ def bucket(match_len: int, witness: int = ONCE) -> int:
 class Ledger:
     """One sequence's drafting steps: the tokens they emitted (accepted + the target's own) and
     what their verifies cost, in one-token decodes (``costs[k]``); ``allows`` a proposal while
-    they are at most ``LEDGER_SLACK`` decodes behind the target alone, else one in ``EXPLORE``
-    (the text may start to repeat)."""
+    they have cost under ``LEDGER_WARM`` or are at most ``LEDGER_SLACK`` decodes behind the
+    target alone, else one in ``EXPLORE`` (the text may start to repeat)."""
 
     tokens: float = 0.0
     cost: float = 0.0
     held: int = 0
-    # the stop-loss's settings; (0, 8): its first form, held back once the steps had cost 8
-    # decodes and were behind at all (``scripts/lookup_replay.py`` replays both)
+    # the stop-loss's settings; slack 0: its first form, held back after the warm-up once the
+    # steps were behind at all (``scripts/lookup_replay.py`` replays both)
     slack: float = LEDGER_SLACK
     warm: float = LEDGER_WARM
 
