@@ -53,6 +53,18 @@ def test_prompt_longer_than_ctx_is_skipped_for_every_method(tmp_path, tiny_draft
     assert "skipped" not in r.stderr
 
 
+def test_a_run_that_skips_every_problem_reports_no_results(tmp_path, tiny_draft, tiny_target):
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"q": "What is " + "one plus " * 110 + "one?", "a": "2"}) + "\n", encoding="utf-8")
+    out = tmp_path / "r.jsonl"
+    r = bench("--dataset", data, "--question-key", "q", "--answer-key", "a", "--grader", "numeric", "--modes",
+              "target", "--draft", tiny_draft, "--target", tiny_target, "--max-tokens", 8, "--threads", 1,
+              "--ctx", 256, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "no results yet" in " ".join(r.stdout.split()) and "1 problem skipped" in r.stderr and "Traceback" not in r.output
+    assert out.exists() and out.read_text() == ""  # the run finished: its (empty) file stays for --resume
+
+
 def _skip(qid: str, n_ctx: int, pair: str = "p") -> bench_runner.Skipped:
     prob = Problem(dataset="d", qid=qid, index=0, question="q", gold="1", grader="numeric")
     return bench_runner.Skipped(pair, prob, bench_runner.context_reason(n_ctx), "its prompt is 999 tokens", 3)

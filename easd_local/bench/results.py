@@ -126,12 +126,14 @@ class ResultsFile:
         except OSError:
             pass  # what is left is a torn last line, which report skips and --resume cuts
 
-    def close(self) -> None:
-        """Unlock; a file this run created and wrote no row to is removed (a model that would
-        not load, Ctrl-C before the first row: no empty results file is left behind)."""
+    def close(self, failed: bool = False) -> None:
+        """Unlock. ``failed`` (the run ended by an error: a model that would not load, Ctrl-C
+        before the first row): a file this run created and wrote no row to is removed, so no
+        empty results file is left behind. A run that finished with every problem skipped
+        keeps its empty file: the report reads it as no results yet."""
         if self._fh is not None:
             try:
-                if self._created and os.fstat(self._fh.fileno()).st_size == 0:
+                if failed and self._created and os.fstat(self._fh.fileno()).st_size == 0:
                     self.path.unlink(missing_ok=True)  # still under our lock: no other run wrote
             except OSError:
                 pass  # an empty file left is harmless: report reads it as no rows
@@ -141,5 +143,5 @@ class ResultsFile:
     def __enter__(self) -> "ResultsFile":
         return self.open() if self._fh is None else self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
