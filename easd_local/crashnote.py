@@ -2,10 +2,12 @@
 (``supervise``) reads if this process dies by a signal: which model is loading or decoding,
 where its layers are, whether its weights are repacked.
 
-Writes happen only when the activity changes (a load, the other model's turn to decode),
-each one ``pwrite`` of a few hundred bytes into a file that is already open: microseconds
-against a decode's tens of milliseconds. Without a supervising parent (the variable unset:
-tests, ``python -c``, Windows) nothing is written.
+Writes happen only when the activity changes (a load, the other model's turn to decode:
+twice a step in sd with a draft model), each a copy of a few hundred bytes into the file's page,
+mapped shared (the parent's ``pread`` sees it at once, even after this process died by a
+signal); where the file cannot be mapped, a ``pwrite`` (a system call: microseconds after a
+decode has swept the caches). Without a supervising parent (the variable unset: tests,
+``python -c``, Windows) nothing is written.
 
 The file has no name: the parent makes it and unlinks it at once, and passes its descriptor
 (``EASD_LOCAL_CRASH_NOTE`` holds the number). A named file would stay behind in the temporary
@@ -14,12 +16,14 @@ folder each time the parent is killed with SIGKILL, the one end it cannot clean 
 
 from __future__ import annotations
 
+import mmap
 import os
 
 NOTE_ENV = "EASD_LOCAL_CRASH_NOTE"
 _SIZE = 1024
 
 _fd: int | None = None
+_page: mmap.mmap | None = None  # the file mapped shared, where it could be
 _last: str = ""
 
 
@@ -27,7 +31,7 @@ def adopt() -> None:
     """In the supervised worker, first thing: take the descriptor the parent passed. The
     variable goes, and the descriptor is not inherited: in a child of this process the number
     could name any file."""
-    global _fd
+    global _fd, _page
     given = os.environ.pop(NOTE_ENV, "")
     if not given.isdigit():
         return
@@ -36,6 +40,13 @@ def adopt() -> None:
     except OSError:
         return
     _fd = int(given)
+    try:
+        # the page written through first: its block exists, so a copy into the mapping
+        # cannot fault on a full disk (SIGBUS); blanks read back as no note
+        if os.pwrite(_fd, b" " * _SIZE, 0) == _SIZE:
+            _page = mmap.mmap(_fd, _SIZE)
+    except (OSError, ValueError):
+        _page = None
 
 
 def note(text: str) -> None:
@@ -46,8 +57,11 @@ def note(text: str) -> None:
     _last = text
     if _fd is None:
         return
-    data = text.encode("utf-8", errors="replace")[: _SIZE - 1]
+    data = text.encode("utf-8", errors="replace")[: _SIZE - 1].ljust(_SIZE)
+    if _page is not None:
+        _page[:] = data
+        return
     try:
-        os.pwrite(_fd, data.ljust(_SIZE), 0)
+        os.pwrite(_fd, data, 0)
     except OSError:
         pass

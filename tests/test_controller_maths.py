@@ -357,3 +357,22 @@ def test_controller_split_names_a_missing_model_in_one_line(tmp_path):
     assert "Traceback" not in out.stderr and out.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "missing.gguf" in out.stderr
 
+
+
+def test_controller_floor_bare_loops_emit_easd_locals_tokens(tmp_path, tiny_draft, tiny_target):
+    """``scripts/controller_floor.py`` on the tiny pair (real llama.cpp): its bare target loop
+    and its bare greedy SD loop (draft model, catch-up, verify block, both rollbacks) build
+    easd-local's batches, so they emit easd-local's tokens in every round; each line carries
+    both figures."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "controller_floor.py"), "--draft", str(tiny_draft), "--target",
+         str(tiny_target), "--max-tokens", "24", "--rounds", "2", "--threads", "1", "--gamma", "3"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    rounds = [line for line in out.stdout.splitlines() if " round " in line]
+    assert len(rounds) == 4 and sum(line.startswith("sd ") for line in rounds) == 2, out.stdout
+    for line in rounds:
+        assert line.endswith("(same tokens)"), line
+        assert re.search(r"bare loop +\d+ +easd-local +\d+ +difference +-?\d+", line), line
+    assert re.search(r"argmax straight after a decode \d+ µs, the same argmax again \d+ µs", out.stdout)

@@ -325,3 +325,29 @@ def test_the_crash_line_offers_only_flags_that_help():
     assert crash_message(signal.SIGKILL, note, "generate").endswith("; if memory ran out, try a smaller --ctx")
     assert crash_message(signal.SIGKILL, note, "serve").endswith("; if memory ran out, try a smaller --ctx or --parallel")
     assert "--no-repack" in crash_message(signal.SIGABRT, note, "chat")
+
+
+def test_the_crash_note_is_read_back_as_written(tmp_path, monkeypatch):
+    """The worker's note (``crashnote``: the file mapped shared, written by copies) is what the
+    supervisor's ``pread`` reads: nothing before the first note, then each note in full,
+    a shorter one leaving nothing of the longer one before it."""
+    from easd_local import crashnote
+    from easd_local.supervise import _read_note
+
+    fd = os.open(tmp_path / "note", os.O_RDWR | os.O_CREAT)
+    monkeypatch.setattr(crashnote, "_fd", None)
+    monkeypatch.setattr(crashnote, "_page", None)
+    monkeypatch.setattr(crashnote, "_last", "")
+    monkeypatch.setenv(crashnote.NOTE_ENV, str(fd))
+    try:
+        crashnote.adopt()
+        assert crashnote._fd == fd and crashnote._page is not None
+        assert _read_note(fd) == ""
+        crashnote.note("while decoding with a-much-longer-name.gguf (layers on CPU)")
+        assert _read_note(fd) == "while decoding with a-much-longer-name.gguf (layers on CPU)"
+        crashnote.note("while decoding with b.gguf")
+        assert _read_note(fd) == "while decoding with b.gguf"
+    finally:
+        if crashnote._page is not None:
+            crashnote._page.close()
+        os.close(fd)

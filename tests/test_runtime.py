@@ -362,6 +362,33 @@ def test_detokenizer_flush_reports_a_dangling_partial_character(target):
     assert d.flush() == "\ufffd"
 
 
+class _Pieces:
+    """A vocabulary of byte pieces, as Detokenizer reads one (plain_pieces, token_to_piece)."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+        self.plain_pieces: dict[int, bytes] = {}
+
+    def token_to_piece(self, token: int) -> bytes:
+        self.plain_pieces[token] = self.pieces[token]
+        return self.pieces[token]
+
+
+def test_detokenizer_matches_the_incremental_utf8_decoder_on_any_bytes():
+    """Detokenizer decodes as codecs' incremental UTF-8 decoder with errors="replace" does:
+    the same text piece by piece and at the flush, for valid, split, invalid and truncated bytes."""
+    import codecs
+    rng = random.Random(7)
+    alphabet = [b"a", b" ", b"\xc3", b"\xa9", b"\xe2\x82", b"\xac", b"\xf0\x9f", b"\x98\x80", b"\xff",
+                b"\x80", b"\xed\xa0\x80", b"", "日本".encode(), b"\xc0\xaf"]
+    vocab = _Pieces(alphabet)
+    for _ in range(300):
+        toks = [rng.randrange(len(alphabet)) for _ in range(rng.randrange(1, 12))]
+        d, ref = Detokenizer(vocab), codecs.getincrementaldecoder("utf-8")(errors="replace")
+        assert [d.add(t) for t in toks] == [ref.decode(alphabet[t]) for t in toks]
+        assert d.flush() == ref.decode(b"", final=True)
+
+
 def _valid_utf8(b: bytes) -> bool:
     try:
         b.decode("utf-8")

@@ -92,3 +92,26 @@ def test_kv_cache_that_does_not_fit_is_refused_before_decoding(tiny_target, monk
     assert "\n" not in msg
     with pytest.raises(ModelLoadError, match="at most 256 sequences"):
         Model(tiny_target, LoadOptions(n_ctx=256, n_threads=1, n_seq=300))
+
+
+def test_a_lent_one_token_decode_is_the_copying_decode(m3):
+    """The scheduler's commonest decode, one token whose row is wanted, lent (its own short
+    path in ``decode_batch``): the same row as the copying path's, a view over llama.cpp's
+    buffer, the same mirror; and the same refusals (a full context, an unknown sequence),
+    leaving the sequence as it was."""
+    m3.reset()
+    a = m3.vocab.tokenize(TEXTS[0])
+    m3.decode_batch([Part(2, a, ())])
+    ref = m3.decode_batch([Part(2, [65])])[0]
+    m3.rollback(len(a), seq=2)
+    lent = m3.decode_batch([Part(2, [65])], lend=True)
+    assert len(lent) == 1 and lent[0].shape == (1, m3.n_vocab) and not lent[0].flags.owndata
+    np.testing.assert_array_equal(lent[0], ref)
+    assert m3.seq_tokens(2) == a + [65]
+    with pytest.raises(ValueError, match="sequence 3 out of range"):
+        m3.decode_batch([Part(3, [65])], lend=True)
+    m3.decode_batch([Part(1, [65] * 256, ())])
+    with pytest.raises(ContextOverflowError, match="257 tokens needed, the context holds 256"):
+        m3.decode_batch([Part(1, [66])], lend=True)
+    assert m3.seq_len(1) == 256 and m3.seq_tokens(2) == a + [65]
+    m3.reset()

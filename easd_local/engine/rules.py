@@ -233,7 +233,8 @@ def best(row: np.ndarray) -> int:
     has no finite logit, so the winner is finite exactly when ``runtime.all_finite`` holds
     (``finite``: the rules check the rows they read; the scheduler makes no pass of its own)."""
     i = int(row.argmax())
-    checked(row[i])
+    if not math.isfinite(row[i]):
+        checked(row[i])  # raises
     return i
 
 
@@ -450,8 +451,13 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
     # figures are computed when a position first needs them, so the rows after the first
     # rejection (or gate) cost nothing.
     if cfg.greedy:
+        tops: dict[int, int] = {}  # a rejected position asks twice (test, then its token)
+
         def top(i: int) -> int:
-            return best(zt[i])  # the first maximum, as greedy(); the row checked
+            t = tops.get(i)
+            if t is None:  # the first maximum, as greedy(); the row checked
+                t = tops[i] = best(zt[i])
+            return t
 
         def accepts(i: int, di: int) -> bool:
             return di == top(i)

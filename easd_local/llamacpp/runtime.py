@@ -473,6 +473,8 @@ class Model(ModelFile):
         At most one part per sequence. A failed decode leaves every sequence as it was."""
         if self._ctx is None:
             raise RuntimeFailure(f"{self.name}: model is closed")
+        if lend and len(parts) == 1 and len(parts[0].tokens) == 1 and parts[0].logits_at == (-1,):
+            return [_decode_one(self, parts[0])]
         starts, wants = _plan(parts, self._seqs, self.n_ctx)
         crashnote.note(self._decode_note)
         # (part, token index, wanted row or -1) in batch order; a Ctrl-C that lands between
@@ -513,6 +515,37 @@ class Model(ModelFile):
             self._seqs[p.seq].extend(p.tokens)
             self._unsure.discard(p.seq)
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
+
+
+def _decode_one(m: Model, part: Part) -> np.ndarray:
+    """``decode_batch([part], lend=True)`` for the commonest decode, one token whose row is
+    wanted (a target or draft mode token, a drafting round, easd-tf's target token), with
+    the same checks, bookkeeping and errors, and its row lent. Each line of Python after a
+    decode costs microseconds here (the decode has swept the caches, docs/controller.md), so
+    this spares the general path's plan, batch list and row bookkeeping."""
+    seq = part.seq
+    if not 0 <= seq < len(m._seqs):
+        _plan([part], m._seqs, m.n_ctx)  # raises what the general path raises
+    mirror = m._seqs[seq]
+    start = len(mirror)
+    _rows_wanted(part, start, m.n_ctx)  # a full context: ContextOverflowError
+    crashnote.note(m._decode_note)
+    if seq in m._unsure:  # as in decode_batch
+        m._seq_rm(seq, start)
+    m._unsure.add(seq)
+    token, pos, n_seq_id, seq_id, logits = m._fields
+    token[0], pos[0], n_seq_id[0], seq_id[0][0], logits[0] = part.tokens[0], start, 1, seq, True
+    m._batch.n_tokens = 1
+    t0 = time.perf_counter()
+    rc = _ll.llama_decode(m._ctx, m._batch)
+    m.seconds_decode += time.perf_counter() - t0
+    if rc != 0:
+        m._seq_rm(seq, start)
+        _decode_failed(m.name, rc)
+    z = _logits_view(m._ctx, m.name, m.n_vocab, 0, 1)
+    mirror.append(part.tokens[0])
+    m._unsure.discard(seq)
+    return z
 
 
 def _free_context(m: Model) -> None:
@@ -564,7 +597,12 @@ def _logits_view(ctx, name: str, n_vocab: int, j: int, n: int) -> np.ndarray:
     by address: a decode's rows mostly lie where the last one's did, and a view is only an
     address and a shape, so the kept one is the one numpy would build (in tens of µs, right
     after a decode has swept the caches)."""
-    key = (_logits_addr(ctx, name, j), n, n_vocab)
+    return _view_at(_logits_addr(ctx, name, j), n, n_vocab)
+
+
+def _view_at(addr: int, n: int, n_vocab: int) -> np.ndarray:
+    """The kept (n, n_vocab) float32 view at ``addr`` (``_logits_view``)."""
+    key = (addr, n, n_vocab)
     z = _views.get(key)
     if z is None:
         if len(_views) >= 256:
@@ -582,9 +620,12 @@ def _lent_rows(ctx, name: str, n_vocab: int, outs_at: list[tuple[int, int, int]]
     while i < len(outs_at):
         j0, k, _ = outs_at[i]
         n = len(wants[k])  # the part's rows follow one another in the batch
-        z = _logits_view(ctx, name, n_vocab, j0, n)
+        addr = _logits_addr(ctx, name, j0)
+        z = _view_at(addr, n, n_vocab)
+        # (the address known, not ``z.ctypes.data``: numpy builds a Python object for that,
+        # a hundred microseconds after a decode has swept the caches)
         if n > 1 and _logits_addr(ctx, name, outs_at[i + n - 1][0]) != \
-                z.ctypes.data + (n - 1) * z.strides[0]:  # not where expected: copy them one by one
+                addr + (n - 1) * n_vocab * 4:  # not where expected: copy them one by one
             z = np.stack([_logits_view(ctx, name, n_vocab, j, 1)[0] for j, _, _ in outs_at[i:i + n]])
         outs[k] = z
         i += n
@@ -650,8 +691,11 @@ def _rows_wanted(part: Part, start: int, n_ctx: int) -> list[int]:
     """The sorted distinct rows ``part`` asks for; ValueError / ContextOverflowError for a
     part that cannot be decoded at ``start`` in a sequence of ``n_ctx`` cells."""
     n = len(part.tokens)
-    if part.logits_at == (-1,) and n:  # a step's usual ask: its last token's row
+    at = part.logits_at
+    if at == (-1,) and n:  # a step's usual ask: its last token's row
         want = [n - 1]
+    elif type(at) is range and at.step == 1 and at.start >= 0:  # a verify block's: its rows in order
+        want = list(at)
     else:
         want = sorted({(i + n) if i < 0 else i for i in part.logits_at})
     if want and (want[0] < 0 or want[-1] >= n):
@@ -692,7 +736,7 @@ def _decode_failed(name: str, rc: int) -> None:
 
 def _in_asked_order(part: Part, want: list[int], out: np.ndarray) -> np.ndarray:
     """The rows of ``out`` (in ``want``'s sorted order) in the order ``part.logits_at`` asked."""
-    if len(want) == len(part.logits_at) == 1:  # one row: a step's usual ask
+    if len(want) == len(part.logits_at) == 1 or part.logits_at == range(len(want)):  # asked in order
         return out
     n = len(part.tokens)
     order = [want.index((i + n) if i < 0 else i) for i in part.logits_at]
