@@ -95,8 +95,8 @@ def test_kv_cache_that_does_not_fit_is_refused_before_decoding(tiny_target, monk
 
 
 def test_a_lent_one_token_decode_is_the_copying_decode(m3):
-    """The scheduler's commonest decode, one token whose row is wanted, lent (its own short
-    path in ``decode_batch``): the same row as the copying path's, a view over llama.cpp's
+    """The scheduler's commonest decode, tokens of which the last one's row is wanted, lent
+    (its own short path in ``decode_batch``): the same row as the copying path's, a view over llama.cpp's
     buffer, the same mirror; and the same refusals (a full context, an unknown sequence),
     leaving the sequence as it was."""
     m3.reset()
@@ -108,6 +108,15 @@ def test_a_lent_one_token_decode_is_the_copying_decode(m3):
     assert len(lent) == 1 and lent[0].shape == (1, m3.n_vocab) and not lent[0].flags.owndata
     np.testing.assert_array_equal(lent[0], ref)
     assert m3.seq_tokens(2) == a + [65]
+    # several tokens, the last one's row (a drafter's catch-up): the same as copied
+    m3.rollback(len(a), seq=2)
+    ref = m3.decode_batch([Part(2, [65, 66, 67])])[0]
+    m3.rollback(len(a), seq=2)
+    lent = m3.decode_batch([Part(2, [65, 66, 67])], lend=True)[0]
+    assert lent.shape == (1, m3.n_vocab) and not lent.flags.owndata
+    np.testing.assert_array_equal(lent, ref)
+    assert m3.seq_tokens(2) == a + [65, 66, 67]
+    m3.rollback(len(a) + 1, seq=2)
     with pytest.raises(ValueError, match="sequence 3 out of range"):
         m3.decode_batch([Part(3, [65])], lend=True)
     m3.decode_batch([Part(1, [65] * 256, ())])

@@ -473,8 +473,8 @@ class Model(ModelFile):
         At most one part per sequence. A failed decode leaves every sequence as it was."""
         if self._ctx is None:
             raise RuntimeFailure(f"{self.name}: model is closed")
-        if lend and len(parts) == 1 and len(parts[0].tokens) == 1 and parts[0].logits_at == (-1,):
-            return [_decode_one(self, parts[0])]
+        if lend and len(parts) == 1 and parts[0].logits_at == (-1,) and 0 < len(parts[0].tokens) <= self.n_batch:
+            return [_decode_last(self, parts[0])]
         starts, wants = _plan(parts, self._seqs, self.n_ctx)
         crashnote.note(self._decode_note)
         # (part, token index, wanted row or -1) in batch order; a Ctrl-C that lands between
@@ -517,13 +517,14 @@ class Model(ModelFile):
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
 
 
-def _decode_one(m: Model, part: Part) -> np.ndarray:
-    """``decode_batch([part], lend=True)`` for the commonest decode, one token whose row is
-    wanted (a target or draft mode token, a drafting round, easd-tf's target token), with
-    the same checks, bookkeeping and errors, and its row lent. Each line of Python after a
-    decode costs microseconds here (the decode has swept the caches, docs/controller.md), so
-    this spares the general path's plan, batch list and row bookkeeping."""
-    seq = part.seq
+def _decode_last(m: Model, part: Part) -> np.ndarray:
+    """``decode_batch([part], lend=True)`` for the commonest decode, tokens of one sequence of
+    which only the last one's row is wanted (a target or draft mode token, a drafting round
+    and its catch-up, easd-tf's target token), with the same checks, bookkeeping and errors,
+    and the row lent. Each line of Python after a decode costs microseconds here (the decode
+    has swept the caches, docs/controller.md), so this spares the general path's plan, batch
+    list and row bookkeeping."""
+    seq, tokens = part.seq, part.tokens
     if not 0 <= seq < len(m._seqs):
         _plan([part], m._seqs, m.n_ctx)  # raises what the general path raises
     mirror = m._seqs[seq]
@@ -534,16 +535,19 @@ def _decode_one(m: Model, part: Part) -> np.ndarray:
         m._seq_rm(seq, start)
     m._unsure.add(seq)
     token, pos, n_seq_id, seq_id, logits = m._fields
-    token[0], pos[0], n_seq_id[0], seq_id[0][0], logits[0] = part.tokens[0], start, 1, seq, True
-    m._batch.n_tokens = 1
+    n = len(tokens)
+    for j in range(n):
+        token[j], pos[j], n_seq_id[j], seq_id[j][0], logits[j] = tokens[j], start + j, 1, seq, False
+    logits[n - 1] = True
+    m._batch.n_tokens = n
     t0 = time.perf_counter()
     rc = _ll.llama_decode(m._ctx, m._batch)
     m.seconds_decode += time.perf_counter() - t0
     if rc != 0:
         m._seq_rm(seq, start)
         _decode_failed(m.name, rc)
-    z = _logits_view(m._ctx, m.name, m.n_vocab, 0, 1)
-    mirror.append(part.tokens[0])
+    z = _logits_view(m._ctx, m.name, m.n_vocab, n - 1, 1)
+    mirror.extend(tokens)
     m._unsure.discard(seq)
     return z
 
