@@ -62,6 +62,8 @@ class Bare:
         self.batch.n_tokens = k
         t0 = time.perf_counter()
         rc = self._ll.llama_decode(self.ctx, self.batch)
+        if self.m._sync is not None:  # on a GPU: the wait for the device is the decode's (as in the runtime)
+            self.m._sync(self.ctx)
         self.seconds += time.perf_counter() - t0
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")

@@ -17,7 +17,9 @@ What it does, on a machine with ``nvidia-smi`` and the CUDA toolkit (``nvcc``, C
    (``LLAMA_CPP_LIB_PATH``): one warm-up generation, then greedy generations of
    ``--max-tokens`` tokens in modes target, sd and easd-tf with every layer offloaded
    (``n_gpu_layers=-1``): tokens/s, and ``seconds_controller`` (everything outside
-   ``llama_decode``) as a share of the time and per token;
+   ``llama_decode`` and its wait for the device) as a share of the time and per token; then
+   ``scripts/controller_floor.py``'s bare loops (target, greedy sd) on the same pair: the least
+   a Python loop pays between these decodes;
 3. ``llama-speculative-simple`` from the same build, ``-ngl 99 -ngld 99``, on the same prompt,
    files and gamma: its tokens/s.
 
@@ -242,7 +244,24 @@ def run_ours(draft: str, target: str, max_tokens: int, gamma: int, prompt_text: 
                 "target_decode_s": round(s.seconds_target, 3),
                 "draft_decode_s": round(s.seconds_draft, 3),
             }
+        # the least a Python loop pays between these decodes (scripts/controller_floor.py)
+        floor = _floor_module()
+        for mode in ("target", "sd"):
+            if mode == "target":
+                toks, wall, dec = floor.bare_target(pair.target, prompt, max_tokens)
+            else:
+                toks, wall, dec = floor.bare_sd(pair.target, pair.draft, prompt, max_tokens, gamma)
+            out[f"bare_{mode}_us_per_token"] = round(1e6 * (wall - dec) / len(toks), 1)
     return out
+
+
+def _floor_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("controller_floor", Path(__file__).with_name("controller_floor.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def child_env(bin_dir: Path, python: Path, llama_src: Path) -> dict:
@@ -352,6 +371,8 @@ def main() -> int:
         o = ours[m]
         share = f"{100 * o['controller_share']:.1f} %" if o["controller_share"] is not None else "-"
         print(f"{'ours ' + m:26} {o['tokens_per_s']:>8} {share:>11} {o['controller_us_per_token']:>9}")
+    for m in ("target", "sd"):
+        print(f"{'bare Python loop, ' + m:26} {'-':>8} {'-':>11} {ours[f'bare_{m}_us_per_token']:>9}")
     if native:
         print(f"{'llama-speculative-simple':26} {native['tokens_per_s']:>8} {'-':>11} {'-':>9}"
               f"   (acceptance {native['acceptance_rate']:.0%})")

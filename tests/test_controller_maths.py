@@ -376,3 +376,17 @@ def test_controller_floor_bare_loops_emit_easd_locals_tokens(tmp_path, tiny_draf
         assert line.endswith("(same tokens)"), line
         assert re.search(r"bare loop +\d+ +easd-local +\d+ +difference +-?\d+", line), line
     assert re.search(r"argmax straight after a decode \d+ µs, the same argmax again \d+ µs", out.stdout)
+
+
+def test_gpu_check_child_reports_our_modes_and_the_bare_loops(tmp_path, tiny_draft, tiny_target):
+    """``gpu_check.py``'s child step (what runs over the built library on a GPU machine), here
+    over the installed llama-cpp-python on the tiny pair: every mode's figures and both bare
+    loops' µs a token."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--child", str(tiny_draft), str(tiny_target),
+         "--max-tokens", "12"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for mode in ("target", "sd", "easd-tf"):
+        assert got[mode]["tokens"] == 12 and got[mode]["controller_us_per_token"] > 0, got[mode]
+    assert got["bare_target_us_per_token"] > 0 and got["bare_sd_us_per_token"] > 0

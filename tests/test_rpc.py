@@ -288,3 +288,22 @@ def test_server_killed_mid_generation_is_one_clear_error(tmp_path, tiny_target, 
     assert len(text.strip().splitlines()) == 1 and "Traceback" not in text
     if json_out:
         assert out == b""  # nothing half-written
+
+
+def test_a_decode_through_rpc_waits_for_the_server_on_its_own_clock(server, tiny_target):
+    """Off the CPU ``llama_decode`` only queues the work (llama.cpp waits when the logits are
+    read): a model with layers on an RPC server waits inside its decode's clock
+    (``llama_synchronize``), so ``seconds_controller`` does not hold the device's compute; a
+    local model makes no such call."""
+    from easd_local.llamacpp.runtime import LoadOptions, Model, Part
+
+    with Model(tiny_target, LoadOptions(n_ctx=512, n_threads=1, rpc=(server,), n_gpu_layers=-1)) as m:
+        assert any(dev.startswith("RPC") for dev in m.placement), m.placement
+        assert m._sync is not None
+        toks = m.vocab.tokenize("Once upon a time")
+        remote = m.decode_batch([Part(0, toks)], lend=True)[0].copy()
+        assert m.seconds_decode > 0
+    with Model(tiny_target, LoadOptions(n_ctx=512, n_threads=1)) as m:
+        assert set(m.placement) == {"CPU"} and m._sync is None
+        local = m.decode_batch([Part(0, toks)])[0]
+    np.testing.assert_allclose(remote, local, rtol=1e-4, atol=1e-4)

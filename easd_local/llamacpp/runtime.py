@@ -300,6 +300,8 @@ class Model(ModelFile):
         self.placement = devices.placement(sink.layer_devices)  # device label -> layers
         where = " + ".join(f"{dev} {n}" for dev, n in self.placement.items()) or "CPU"
         self._decode_note = f"while decoding with {self.path.name} (layers on {where}; {self._repack_words()})"
+        # on a GPU or RPC server llama_decode only queues the work: its wait is the model's time too
+        self._sync = None if set(self.placement) <= {"CPU"} else _ll.llama_synchronize
         model = self._model
 
         if self.n_seq > 256:  # llama.cpp's LLAMA_MAX_SEQ
@@ -496,6 +498,8 @@ class Model(ModelFile):
             outs_at = _fill_batch(self._batch, self._fields, flat[c0 : c0 + self.n_batch], parts, starts)
             t0 = time.perf_counter()
             rc = _ll.llama_decode(self._ctx, self._batch)
+            if self._sync is not None:
+                self._sync(self._ctx)
             self.seconds_decode += time.perf_counter() - t0
             if rc != 0:
                 for k, p in enumerate(parts):  # every sequence as it was before this call
@@ -542,6 +546,8 @@ def _decode_last(m: Model, part: Part) -> np.ndarray:
     m._batch.n_tokens = n
     t0 = time.perf_counter()
     rc = _ll.llama_decode(m._ctx, m._batch)
+    if m._sync is not None:  # as in decode_batch
+        m._sync(m._ctx)
     m.seconds_decode += time.perf_counter() - t0
     if rc != 0:
         m._seq_rm(seq, start)
