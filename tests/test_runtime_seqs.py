@@ -102,7 +102,7 @@ def test_a_lent_one_token_decode_is_the_copying_decode(m3):
     m3.reset()
     a = m3.vocab.tokenize(TEXTS[0])
     m3.decode_batch([Part(2, a, ())])
-    ref = m3.decode_batch([Part(2, [65])])[0]
+    ref = ref_one = m3.decode_batch([Part(2, [65])])[0]
     m3.rollback(len(a), seq=2)
     lent = m3.decode_batch([Part(2, [65])], lend=True)
     assert len(lent) == 1 and lent[0].shape == (1, m3.n_vocab) and not lent[0].flags.owndata
@@ -116,6 +116,9 @@ def test_a_lent_one_token_decode_is_the_copying_decode(m3):
     assert lent.shape == (1, m3.n_vocab) and not lent.flags.owndata
     np.testing.assert_array_equal(lent, ref)
     assert m3.seq_tokens(2) == a + [65, 66, 67]
+    # a verify block of no drafts asks its one row as range(0, 1): the same row
+    m3.rollback(len(a), seq=2)
+    np.testing.assert_array_equal(m3.decode_batch([Part(2, [65], range(1))], lend=True)[0], ref_one)
     m3.rollback(len(a) + 1, seq=2)
     with pytest.raises(ValueError, match="sequence 3 out of range"):
         m3.decode_batch([Part(3, [65])], lend=True)

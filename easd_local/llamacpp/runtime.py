@@ -475,7 +475,7 @@ class Model(ModelFile):
         At most one part per sequence. A failed decode leaves every sequence as it was."""
         if self._ctx is None:
             raise RuntimeFailure(f"{self.name}: model is closed")
-        if lend and len(parts) == 1 and parts[0].logits_at == (-1,) and 0 < len(parts[0].tokens) <= self.n_batch:
+        if lend and len(parts) == 1 and _last_row_only(parts[0], self.n_batch):
             return [_decode_last(self, parts[0])]
         starts, wants = _plan(parts, self._seqs, self.n_ctx)
         crashnote.note(self._decode_note)
@@ -519,6 +519,13 @@ class Model(ModelFile):
             self._seqs[p.seq].extend(p.tokens)
             self._unsure.discard(p.seq)
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
+
+
+def _last_row_only(part: Part, n_batch: int) -> bool:
+    """Whether ``part`` is one decode that wants its last token's row alone (``(-1,)``; a
+    verify block of no drafts asks ``range(0, 1)``)."""
+    n = len(part.tokens)
+    return 0 < n <= n_batch and part.logits_at in ((-1,), range(n - 1, n))
 
 
 def _decode_last(m: Model, part: Part) -> np.ndarray:
