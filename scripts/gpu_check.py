@@ -245,23 +245,13 @@ def run_ours(draft: str, target: str, max_tokens: int, gamma: int, prompt_text: 
                 "draft_decode_s": round(s.seconds_draft, 3),
             }
         # the least a Python loop pays between these decodes (scripts/controller_floor.py)
-        floor = _floor_module()
-        for mode in ("target", "sd"):
-            if mode == "target":
-                toks, wall, dec = floor.bare_target(pair.target, prompt, max_tokens)
-            else:
-                toks, wall, dec = floor.bare_sd(pair.target, pair.draft, prompt, max_tokens, gamma)
+        import controller_floor
+
+        bare = {"target": controller_floor.bare_target(pair.target, prompt, max_tokens),
+                "sd": controller_floor.bare_sd(pair.target, pair.draft, prompt, max_tokens, gamma)}
+        for mode, (toks, wall, dec) in bare.items():
             out[f"bare_{mode}_us_per_token"] = round(1e6 * (wall - dec) / len(toks), 1)
     return out
-
-
-def _floor_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("controller_floor", Path(__file__).with_name("controller_floor.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def child_env(bin_dir: Path, python: Path, llama_src: Path) -> dict:

@@ -363,14 +363,12 @@ def test_detokenizer_flush_reports_a_dangling_partial_character(target):
 
 
 class _Pieces:
-    """A vocabulary of byte pieces, as Detokenizer reads one (plain_pieces, token_to_piece)."""
+    """A vocabulary of byte pieces, as Detokenizer reads one (token_to_piece)."""
 
     def __init__(self, pieces: list[bytes]) -> None:
         self.pieces = pieces
-        self.plain_pieces: dict[int, bytes] = {}
 
     def token_to_piece(self, token: int) -> bytes:
-        self.plain_pieces[token] = self.pieces[token]
         return self.pieces[token]
 
 

@@ -32,9 +32,7 @@ TRACE_NAMES = {DRAFT: "draft-accepted", TARGET: "target", RESAMPLED: "target-res
                BONUS: "bonus", DRAFT_ONLY: "draft", LOOKUP: "lookup-accepted"}
 
 
-# not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__, five
-# times the cost of a slotted one, once per token between two decodes (docs/controller.md)
-@dataclass(slots=True)
+@dataclass(frozen=True)
 class TokenEvent:
     token: int
     text: str  # newly completed text (may be "" while a multi-byte character is pending)

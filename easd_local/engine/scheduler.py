@@ -51,7 +51,6 @@ Single-threaded: one thread calls ``submit``, ``cancel`` and ``step``.
 from __future__ import annotations
 
 import time
-from itertools import repeat
 from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -260,10 +259,6 @@ class Scheduler:
                 step = STEPS[s.mode](s)
                 self._advance(s, step, None, waiting, out)
         while waiting:
-            if len(waiting) == 1:  # one sequence asks (every step at B = 1): its model
-                (s, (_, model, _)), = waiting.items()
-                self._run(model, [s], waiting, out)
-                continue
             asked = list(map(itemgetter(1), waiting.values()))
             # drafting before verifying: any other model's asks before the target's
             model = next((m for m in asked if m is not self.target), self.target) \
@@ -288,7 +283,7 @@ class Scheduler:
         except (EasdError, ValueError, FloatingPointError) as e:
             model = e
         if s.events:  # what the step emitted, before anything else about the sequence
-            out.extend(zip(repeat(s.rid), s.events))
+            out.extend([(s.rid, ev) for ev in s.events])
             s.events.clear()
         if isinstance(model, BaseException):
             self._fail(s, model, out)
@@ -314,9 +309,9 @@ class Scheduler:
     def _run(self, model: Model, batch: list[_Seq], waiting: dict, out: list) -> None:
         """One batched decode of what ``batch`` asks of ``model``; each sequence's step gets
         its rows. A failure fails only the sequences it concerns."""
-        steps = list(map(waiting.pop, batch))
+        steps = [waiting.pop(s) for s in batch]
         try:
-            zs = self._decode(model, list(map(itemgetter(2), steps)))
+            zs = self._decode(model, [part for _, _, part in steps])
         except EasdError as e:  # a failed batch fails the sequences in it, nobody else
             for s, (step, _, _) in zip(batch, steps):
                 step.close()

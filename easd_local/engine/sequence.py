@@ -38,7 +38,6 @@ class Seq:
         self.main = main  # the model whose tokens the sequence emits
         self.drafter = None  # the scheduler's drafter for this sequence's mode and spec type, if it drafts
         self.mode = cfg.mode
-        self.greedy = cfg.greedy
         self.gate = Gate.of(cfg)
         self.gate_on = self.gate.can_fire
         self.rng = rules.make_rng(cfg.seed if req.rng_seed is None else req.rng_seed)
@@ -64,14 +63,12 @@ class Seq:
 
     def sample(self, z: np.ndarray) -> int:
         """A token from one row of logits, as this sequence's settings say (one draw when sampling)."""
-        if self.greedy:
-            return rules.best(z)
         return self.draw(z)[0]
 
     def draw(self, z: np.ndarray):
         """``sample``'s token and the distribution it was drawn from (None when greedy)."""
         cfg = self.cfg
-        if self.greedy:
+        if cfg.greedy:
             return rules.best(z), None  # the first maximum, as np.argmax; the row checked
         q = rules.distribution(z, cfg.temperature, cfg.top_k, cfg.top_p)
         return rules.sample(q, self.rng), q

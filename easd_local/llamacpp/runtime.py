@@ -300,7 +300,7 @@ class Model(ModelFile):
         self.placement = devices.placement(sink.layer_devices)  # device label -> layers
         where = " + ".join(f"{dev} {n}" for dev, n in self.placement.items()) or "CPU"
         self._decode_note = f"while decoding with {self.path.name} (layers on {where}; {self._repack_words()})"
-        # on a GPU or RPC server llama_decode only queues the work: its wait is the model's time too
+        # on a GPU or RPC server llama_decode only queues the work (``_timed_decode``)
         self._sync = None if set(self.placement) <= {"CPU"} else _ll.llama_synchronize
         model = self._model
 
@@ -496,11 +496,7 @@ class Model(ModelFile):
         outs = None if lend else [np.empty((len(w), self.n_vocab), dtype=np.float32) for w in wants]
         for c0 in range(0, len(flat), self.n_batch):
             outs_at = _fill_batch(self._batch, self._fields, flat[c0 : c0 + self.n_batch], parts, starts)
-            t0 = time.perf_counter()
-            rc = _ll.llama_decode(self._ctx, self._batch)
-            if self._sync is not None:
-                self._sync(self._ctx)
-            self.seconds_decode += time.perf_counter() - t0
+            rc = _timed_decode(self)
             if rc != 0:
                 for k, p in enumerate(parts):  # every sequence as it was before this call
                     self._seq_rm(p.seq, starts[k])
@@ -519,6 +515,18 @@ class Model(ModelFile):
             self._seqs[p.seq].extend(p.tokens)
             self._unsure.discard(p.seq)
         return [_in_asked_order(p, want, out) for p, want, out in zip(parts, wants, outs)]
+
+
+def _timed_decode(m: Model) -> int:
+    """``llama_decode`` of ``m``'s filled batch, its seconds added to ``m.seconds_decode``; on a
+    GPU or RPC server (``m._sync``) with the wait for the device, which ``llama_decode`` only
+    queues (llama.cpp would wait when the logits are read, on the caller's clock)."""
+    t0 = time.perf_counter()
+    rc = _ll.llama_decode(m._ctx, m._batch)
+    if m._sync is not None:
+        m._sync(m._ctx)
+    m.seconds_decode += time.perf_counter() - t0
+    return rc
 
 
 def _last_row_only(part: Part, n_batch: int) -> bool:
@@ -551,11 +559,7 @@ def _decode_last(m: Model, part: Part) -> np.ndarray:
         token[j], pos[j], n_seq_id[j], seq_id[j][0], logits[j] = tokens[j], start + j, 1, seq, False
     logits[n - 1] = True
     m._batch.n_tokens = n
-    t0 = time.perf_counter()
-    rc = _ll.llama_decode(m._ctx, m._batch)
-    if m._sync is not None:  # as in decode_batch
-        m._sync(m._ctx)
-    m.seconds_decode += time.perf_counter() - t0
+    rc = _timed_decode(m)
     if rc != 0:
         m._seq_rm(seq, start)
         _decode_failed(m.name, rc)

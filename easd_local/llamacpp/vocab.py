@@ -61,7 +61,6 @@ class Vocab:
         self._ptr = _ll.llama_model_get_vocab(model.ptr)
         self.n_vocab = int(_ll.llama_vocab_n_tokens(self._ptr))
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        self.plain_pieces: dict[int, bytes] = {}  # token -> token_to_piece(token), as streaming asks
 
     @property
     def _vocab(self):
@@ -125,10 +124,6 @@ class Vocab:
         return list(buf[:n])
 
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
-        if not special:
-            piece = self.plain_pieces.get(token)
-            if piece is not None:
-                return piece
         key = (token, special)
         piece = self._pieces.get(key)
         if piece is None:  # a token's piece never changes: asked once (streaming asks per token)
@@ -138,8 +133,6 @@ class Vocab:
                 buf = ctypes.create_string_buffer(-n)
                 n = _ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
             piece = self._pieces[key] = buf.raw[: max(n, 0)]
-            if not special:
-                self.plain_pieces[token] = piece
         return piece
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
@@ -287,26 +280,14 @@ class Vocab:
 
 class Detokenizer:
     """Incremental detokenizer for streaming: returns only complete UTF-8 characters, so a
-    multi-byte character split across tokens is never emitted half-way; invalid bytes become
-    U+FFFD. What ``codecs``' incremental UTF-8 decoder does, without its Python-level
-    ``decode`` between two decodes of the model (each such frame costs microseconds there:
-    the caches come back cold from a decode, docs/controller.md)."""
+    multi-byte character split across tokens is never emitted half-way."""
 
     def __init__(self, vocab: Vocab):
         self._vocab = vocab
-        self._known = vocab.plain_pieces
-        self._pending = b""  # the start of a character whose other bytes are still to come
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, token: int) -> str:
-        data = self._known.get(token)
-        if data is None:
-            data = self._vocab.token_to_piece(token)
-        if self._pending:
-            data = self._pending + data
-        text, used = codecs.utf_8_decode(data, "replace", False)
-        self._pending = data[used:]
-        return text
+        return self._dec.decode(self._vocab.token_to_piece(token))
 
     def flush(self) -> str:
-        data, self._pending = self._pending, b""
-        return codecs.utf_8_decode(data, "replace", True)[0]
+        return self._dec.decode(b"", final=True)
