@@ -502,7 +502,8 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
         if not accepts(i, di):
             picks.append(Pick(on_reject(i, di), RESAMPLED, Reading()))
             return picks
-        r = _NO_READING if zd is None else gate_.read_lazily(zd[i], zt[i])
+        # greedy: the accepted draft is the target row's argmax, so its logit is the row's maximum
+        r = _NO_READING if zd is None else gate_.read_lazily(zd[i], zt[i], zt[i, di] if cfg.greedy else None)
         if r.open:
             picks.append(Pick(on_gate(i, di), EASD, r))
             return picks
@@ -514,14 +515,14 @@ def verify(draft_tokens, z_draft, z_target, cfg: DecodeConfig, gate_: Gate, rng:
 # ------------------------------------------------------------ target-first EASD (tf)
 
 
-def _emit_from_p(z_t: np.ndarray, cfg: DecodeConfig, rng: np.random.Generator) -> int:
+def _emit_from_p(z_t: np.ndarray, cfg: DecodeConfig, rng: np.random.Generator, best_t: int | None) -> int:
     if cfg.greedy:
-        return best(z_t)
+        return best(z_t) if best_t is None else best_t
     return sample(distribution(z_t, cfg.temperature, cfg.top_k, cfg.top_p), rng)
 
 
 def target_first(z_target_row, z_draft_row, cfg: DecodeConfig, gate_: Gate, rng: np.random.Generator,
-                 h_target: float) -> Pick:
+                 h_target: float, best_t: int | None = None) -> Pick:
     """One position of target-first EASD ("easd-tf").
 
     ``h_target`` is ``gate_.screen(z_target_row)``; ``z_draft_row`` is None where
@@ -536,16 +537,18 @@ def target_first(z_target_row, z_draft_row, cfg: DecodeConfig, gate_: Gate, rng:
 
     Random numbers (sampling only): emit-from-p uses one draw; the open gate uses three,
     in order: d ~ q, the acceptance uniform, the emitted token.
+
+    ``best_t`` (greedy): ``best(z_target_row)``, where the caller took it already.
     """
     z_t = np.asarray(z_target_row)
     if z_draft_row is None:
-        return Pick(_emit_from_p(z_t, cfg, rng), TARGET, Reading(math.nan, h_target))
+        return Pick(_emit_from_p(z_t, cfg, rng, best_t), TARGET, Reading(math.nan, h_target))
     z_d = np.asarray(z_draft_row)
     r = gate_.read(z_d, z_t, h_target, deciding=True)
     if not r.open:
-        return Pick(_emit_from_p(z_t, cfg, rng), TARGET, r)
+        return Pick(_emit_from_p(z_t, cfg, rng, best_t), TARGET, r)
     if cfg.greedy:
-        a_p = greedy(z_t)
+        a_p = greedy(z_t) if best_t is None else best_t
         if greedy(z_d) == a_p:
             return Pick(runner_up(z_t, a_p), EASD, r)
         return Pick(a_p, TARGET, r)

@@ -88,12 +88,15 @@ class TargetFirstStep(Step):
     def __call__(self, s: Seq) -> StepGen:
         z_t = (yield s.main, Part(s.slot, [s.seq[-1]]))[0]
         s.stats.target_calls += 1
-        h_t = s.gate.screen(z_t)
+        # greedy: the target's pick first; its logit is the row's maximum, which the screen
+        # would otherwise take in a pass of its own
+        a = rules.best(z_t) if s.cfg.greedy else None
+        h_t = s.gate.screen(z_t, None if a is None else z_t[a])
         z_d = None
         if s.gate.wants_draft(h_t):
             z_d = yield from s.drafter.consult(s)
             s.stats.draft_consults += 1
-        s.accept([rules.target_first(z_t, z_d, s.cfg, s.gate, s.rng, h_t)])
+        s.accept([rules.target_first(z_t, z_d, s.cfg, s.gate, s.rng, h_t, best_t=a)])
         s.stats.target_first_tokens += 1
 
 
