@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from easd_local.engine.near_ties import ARGMAX_NEAR_TIE
 from easd_local.engine.ways import MARGIN, WAY_TABLE, WAYS, choose
 from easd_local.pairscore.probe import PROBE_GAMMA
 from easd_local.store import costs as store
@@ -80,6 +84,10 @@ def test_pair_costs_measures_every_way_and_records_it(tiny_draft, tiny_target, t
     assert all(len(v) == 4 and all(x > 0 for x in v) for v in entry["prompt_ratios"].values())
     # timed up to a lookup's longest proposal, not extrapolated (``probe.PROBE_GAMMA``)
     assert entry["texts_differing"]["target"] == 0 and len(entry["verify_costs"]) == PROBE_GAMMA + 1
+    # where a lossless way's text parted from the target's: at a near-tie of the target's logits
+    assert set(entry["parting_gaps"]) == set(WAY_TABLE) and entry["parting_gaps"]["target"] == []
+    for way, gaps in entry["parting_gaps"].items():
+        assert len(gaps) <= entry["texts_differing"][way] and all(0 <= g < ARGMAX_NEAR_TIE for g in gaps), way
     recorded = json.loads((tmp_path / store.COSTS_NAME).read_text())
     assert entry["key"] in recorded
     # the next command reads it
@@ -89,6 +97,39 @@ def test_pair_costs_measures_every_way_and_records_it(tiny_draft, tiny_target, t
     assert (obj["mode"], obj["spec_type"] if way.mode == "sd" else "draft") == (way.mode, way.spec_type)
     # the reason says when the speeds were measured: an old measurement is one to renew
     assert entry["date"] and obj["auto_mode_reason"] == f"{why}, measured {entry['date']}"
+
+
+def test_a_parting_is_measured_on_the_targets_own_logits(tiny_target):
+    """``ways_measure.parting_gap``: the target alone's logit gap between the two tokens where
+    a reply first parts from its own, from a decode of the prompt and the common tokens."""
+    from easd_local.llamacpp.runtime import LoadOptions, Model
+    from easd_local.pairscore.ways_measure import parting_gap
+
+    with Model(tiny_target, LoadOptions(n_ctx=256, n_threads=1)) as m:
+        prompt = m.vocab.tokenize("one two three", add_special=True, parse_special=False)
+        ref = [int(m.decode(list(prompt), logits_at=(-1,))[0].argmax())]
+        for _ in range(5):
+            m.reset()
+            ref.append(int(m.decode(list(prompt) + ref, logits_at=(-1,))[0].argmax()))
+        m.reset()
+        z = m.decode(list(prompt) + ref[:3], logits_at=(-1,))[0]
+        other = int(np.argsort(z)[-2])  # the runner-up at position 3
+        gap = parting_gap(m, list(prompt), ref, ref[:3] + [other, 1, 2], m.n_vocab)
+        assert gap == pytest.approx(float(z[ref[3]] - z[other]), abs=1e-4) and gap >= 0
+        assert parting_gap(m, list(prompt), ref, list(ref), m.n_vocab) is None  # the same text
+        assert parting_gap(m, list(prompt), ref, ref[:4], m.n_vocab) is None  # one ends, the other goes on
+
+
+def test_pair_costs_says_what_texts_that_differ_mean():
+    from easd_local.cli.pair_costs import partings_text
+
+    base = {"texts_differing": {"target": 0, "sd": 2, "sd:ngram-simple": 1}}
+    assert partings_text({**base, "texts_differing": {"target": 0, "sd": 0}, "parting_gaps": {}}) is None
+    assert partings_text(base) is None  # a record from before the gaps were measured: nothing claimed
+    near = partings_text({**base, "parting_gaps": {"target": [], "sd": [0.031, 0.12], "sd:ngram-simple": []}})
+    assert "2 of 3 at a near-tie" in near.plain and "within 0.12" in near.plain and "1 where one reply ends" in near.plain
+    far = partings_text({**base, "parting_gaps": {"target": [], "sd": [0.031, 1.7], "sd:ngram-simple": [0.2]}})
+    assert far.style == "yellow" and far.plain.startswith("sd parted") and "1.70 logits" in far.plain
 
 
 def test_chat_loads_the_draft_model_when_a_mode_first_needs_it(tiny_draft, tiny_target, tmp_path):

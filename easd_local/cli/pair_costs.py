@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..llamacpp.devices import system_info
+from ..engine.near_ties import ARGMAX_NEAR_TIE
 from ..engine.pair import open_models
 from ..engine.ways import WAY_TABLE, choose
 from ..errors import ConfigError
@@ -84,6 +85,28 @@ def register_on(pair_app: typer.Typer) -> None:
             raise ConfigError(f"the costs above were not recorded: {failed}")
 
 
+def partings_text(entry: dict) -> Text | None:
+    """What the "texts ≠ target" column means on this run: where the lossless ways' replies
+    parted from the target alone's, at argmax near-ties (``ways_measure.parting_gap``), or a
+    warning where one did not. None when every text was the target's."""
+    n = sum((entry.get("texts_differing") or {}).values())
+    gaps = entry.get("parting_gaps")
+    if not n or gaps is None:
+        return None
+    far = [(g, w) for w, gs in gaps.items() for g in gs if g >= ARGMAX_NEAR_TIE]
+    if far:
+        g, w = max(far)
+        return Text(f"{w} parted from the target alone where the target's two tokens were {g:.2f} logits apart: not "
+                    f"a near-tie, so not the target's output as a lossless way must give; please report it with "
+                    f"`easd-local doctor`'s output", style="yellow")
+    near = [g for gs in gaps.values() for g in gs]
+    rest = n - len(near)
+    return Text(f"texts ≠ target: replies that part from the target alone's; {len(near)} of {n} at a near-tie (the "
+                f"target's logits of the two tokens within {max(near, default=0.0):.2f} of each other), which a "
+                f"verify's batch may round the other way (docs/speculation.md)"
+                + (f"; {rest} where one reply ends and the other goes on" if rest else ""), style="dim")
+
+
 def _print(entry: dict, have_draft: bool) -> None:
     t = Table(title=f"lossless ways on this machine · {entry['prompts']} prompts × {entry['max_tokens']} tokens · "
                     f"{entry['threads']} threads · load {entry['load_avg'][0]:.1f}→{entry['load_avg'][1]:.1f}")
@@ -99,6 +122,9 @@ def _print(entry: dict, have_draft: bool) -> None:
                   " ".join(f"{x:.2f}" for x in by_prompt.get(name, [])), str(entry["texts_differing"][name]))
     console.print(t)
     console.print(Text("× target by prompt: the 2 code edits, then the 2 maths questions", style="dim"), soft_wrap=True)
+    partings = partings_text(entry)
+    if partings is not None:
+        console.print(partings, soft_wrap=True)
     vc = entry.get("verify_costs")
     if vc:
         shown = ", ".join(f"{k}: {c:.2f}" for k, c in enumerate(vc) if k in (1, 4, 7, 8, 15, len(vc) - 1))

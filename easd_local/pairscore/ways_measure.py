@@ -9,8 +9,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..bench.rerun import logits_after
 from ..engine.config import DecodeConfig
 from ..engine.decoding import generate_all
+from ..engine.near_ties import first_difference
 from ..engine.pair import Pair
 from ..llamacpp.runtime import Model
 from ..engine.ways import WAYS, Way
@@ -55,6 +57,7 @@ class WayRun:
     seconds: float = 0.0
     texts_differing: int = 0  # greedy texts that are not the target's (near-ties of batch shape)
     per_prompt: list[float] = field(default_factory=list)  # tokens/s
+    parting_gaps: list[float] = field(default_factory=list)  # ``parting_gap`` of each text that differs
 
     @property
     def tokens_per_s(self) -> float:
@@ -79,6 +82,7 @@ def measure(target: Model, draft: Model | None, prompts: Sequence[list[int]], ma
     ways = [w for w in WAYS if draft is not None or not w.uses_draft_model]
     runs = {w.name: WayRun() for w in ways}
     V = min(m.n_vocab for m in (target, draft) if m is not None)
+    parted: list[tuple[str, list[int], list[int], list[int]]] = []  # (way, prompt, the target's tokens, the way's)
     for i, prompt in enumerate(prompts):
         order = ways if i % 2 == 0 else list(reversed(ways))
         ref = None
@@ -93,8 +97,30 @@ def measure(target: Model, draft: Model | None, prompts: Sequence[list[int]], ma
             r.tokens += fin.stats.tokens
             r.seconds += fin.stats.seconds_generating
             r.per_prompt.append(fin.stats.tokens_per_s)
-            r.texts_differing += fin.tokens != ref
+            if fin.tokens != ref:
+                r.texts_differing += 1
+                parted.append((w.name, list(prompt), list(ref), list(fin.tokens)))
+    if parted:  # after every timed run, so that these decodes disturb none
+        on_progress("where the texts part")
+    for name, prompt, ref, tokens in parted:
+        gap = parting_gap(target, prompt, ref, tokens, V)
+        if gap is not None:
+            runs[name].parting_gaps.append(gap)
     return runs, costs
+
+
+def parting_gap(target: Model, prompt: list[int], ref: list[int], tokens: list[int], V: int) -> float | None:
+    """Where a lossless way's greedy ``tokens`` first part from the target alone's ``ref``: the
+    gap between the target's logits of the two tokens there, evaluated again on the prompt and
+    the common tokens (one batch, as ``bench parted`` does). Under
+    ``near_ties.ARGMAX_NEAR_TIE`` an argmax near-tie, which the verify's batch shape may round
+    the other way; above it, a defect. None when the texts do not part at a token (equal, or
+    one ends where the other goes on)."""
+    k = first_difference(ref, tokens)
+    if k is None or k >= len(ref) or k >= len(tokens):
+        return None
+    z = logits_after(target, list(prompt) + list(ref[:k]), V)
+    return abs(float(z[tokens[k]] - z[ref[k]]))
 
 
 def _run(target: Model, draft: Model | None, w: Way, prompt: list[int], max_tokens: int, vc: list[float], V: int):
@@ -129,6 +155,7 @@ def entry(runs: dict[str, WayRun], costs: Costs | None, *, max_tokens: int, n_th
         "prompt_ratios": {k: [round(x, 4) for x in v] for k, v in prompt_ratios(runs).items()},
         "tokens_per_s": {k: round(r.tokens_per_s, 3) for k, r in runs.items()},
         "texts_differing": {k: r.texts_differing for k, r in runs.items()},
+        "parting_gaps": {k: [round(g, 4) for g in r.parting_gaps] for k, r in runs.items()},
         "verify_costs": [round(x, 4) for x in verify_costs(costs)] if costs else None,
         "draft_token": round(costs.draft_token / costs.target_token, 4) if costs else None,
         "prompts": len(next(iter(runs.values())).per_prompt), "max_tokens": max_tokens, "threads": n_threads,
