@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PROMPT = "Write a Python function that checks whether a number is prime."
+from controller_split import PROMPT, add_pair_options, default_pair_files  # noqa: E402  (a sibling script)
 
 
 class Bare:
@@ -181,8 +181,7 @@ def ours(pair, prompt: list[int], mode: str, max_tokens: int, gamma: int) -> tup
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--draft", type=Path, help="draft GGUF (default: the default pair's)")
-    ap.add_argument("--target", type=Path, help="target GGUF (default: the default pair's)")
+    add_pair_options(ap)
     ap.add_argument("--modes", default="target,sd", help="comma-separated, of target and sd (greedy)")
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -198,11 +197,8 @@ def main(argv=None) -> int:
     from easd_local import host
     from easd_local.engine.pair import open_models
     from easd_local.llamacpp.runtime import LoadOptions
-    from easd_local.store.resolve import resolve_pair
 
-    if a.target is None or ("sd" in modes and a.draft is None):
-        files = resolve_pair(None, a.draft, a.target)
-        a.draft, a.target = a.draft or files.draft, a.target or files.target
+    default_pair_files(a, "sd" in modes)
     draft = a.draft if "sd" in modes else None
     with open_models(draft, a.target, LoadOptions(n_ctx=2048, n_threads=a.threads, n_gpu_layers=0)) as pair:
         prompt = pair.target.vocab.chat_tokens([{"role": "user", "content": a.prompt}])

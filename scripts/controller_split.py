@@ -28,6 +28,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+PROMPT = "Write a Python function that checks whether a number is prime."
+
+
+def add_pair_options(ap: argparse.ArgumentParser) -> None:
+    """``--draft`` / ``--target``, each defaulting to the default pair's (``default_pair_files``);
+    ``controller_floor.py`` takes the same two."""
+    ap.add_argument("--draft", type=Path, help="draft GGUF (default: the default pair's)")
+    ap.add_argument("--target", type=Path, help="target GGUF (default: the default pair's)")
+
+
+def default_pair_files(a: argparse.Namespace, needs_draft: bool) -> None:
+    """Fill ``a.target`` (and ``a.draft`` where the run needs a draft model) with the default
+    pair's files where not given (pulled already, else the store's one-line error)."""
+    from easd_local.store.resolve import resolve_pair
+
+    if a.target is None or (needs_draft and a.draft is None):
+        files = resolve_pair(None, a.draft, a.target)
+        a.draft, a.target = a.draft or files.draft, a.target or files.target
+
+
 PARTS = ("after llama_decode", "  of which the row's address", "the rule (Seq.sample)", "emitting (Seq._emit)",
          "before llama_decode", "the rest")
 
@@ -92,11 +112,10 @@ def split(marks: list[tuple[str, int]]) -> tuple[dict[str, float], int]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--draft", type=Path, help="draft GGUF (default: the default pair's)")
-    ap.add_argument("--target", type=Path, help="target GGUF (default: the default pair's)")
+    add_pair_options(ap)
     ap.add_argument("--mode", default="target", help="decoding mode (default target)")
     ap.add_argument("--spec-type", default="draft", help="drafters for sd/easd (default draft)")
-    ap.add_argument("--prompt", default="Write a Python function that checks whether a number is prime.")
+    ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -109,12 +128,9 @@ def main(argv=None) -> int:
     from easd_local.engine.pair import open_models
     from easd_local.llamacpp import runtime
     from easd_local.llamacpp.runtime import LoadOptions
-    from easd_local.store.resolve import resolve_pair
 
     cfg = DecodeConfig(mode=a.mode, spec_type=a.spec_type, max_tokens=a.max_tokens, temperature=0.0)
-    if a.target is None or (cfg.needs_draft_model and a.draft is None):
-        files = resolve_pair(None, a.draft, a.target)
-        a.draft, a.target = a.draft or files.draft, a.target or files.target
+    default_pair_files(a, cfg.needs_draft_model)
     st = Stamps()
     st.wrap(runtime._ll, "llama_decode", "llama_decode")
     st.wrap(runtime.Model, "decode_batch", "decode_batch")
