@@ -5,12 +5,15 @@ speed relative to target-only decoding, on GSM8K questions through the chat temp
     python scripts/bench_modes.py                       # tiny random-weight pair (generated)
     python scripts/bench_modes.py --draft D.gguf --target T.gguf --n-prompts 10 --max-tokens 128
     python scripts/bench_modes.py --draft D.gguf --target T.gguf --modes target,sd --repack both
+    python scripts/bench_modes.py --draft D.gguf --target T.gguf --modes target,sd --mmap both
 
 ``--repack both`` runs the pair with llama.cpp's extra buffer types (repacked weights:
 CPU_REPACK, AMX) as the self-test decides and with them off (``--no-repack``), alternating
 the two in child processes ``--reps`` times each, and prints what the fallback costs (off ÷
 on per mode, from each variant's median run). Separate processes, because with both
 loaded in one process the repacked pair ran several times slower than alone on this machine.
+``--mmap both`` does the same for the weights mapped from the file (llama.cpp's default) and
+read into memory (``--no-mmap``).
 
 Modes are interleaved per question (target, sd, easd, easd-tf, then the next question) so
 that drift in machine load hits every mode alike. Greedy. Figures are printed, never
@@ -50,8 +53,9 @@ def tiny_pair() -> tuple[Path, Path]:
     return paths["draft"], paths["target"]
 
 
-def repack_both(a, draft, target) -> int:
-    """Repacking on and off in alternating child processes; tok/s: the median run of each."""
+def both_ways(a, draft, target, knob: str) -> int:
+    """``knob`` (repack or mmap) on and off in alternating child processes; tok/s: the median
+    run of each."""
     import subprocess
 
     from easd_local.lifeline import preexec
@@ -60,23 +64,26 @@ def repack_both(a, draft, target) -> int:
             "--n-prompts", str(a.n_prompts), "--max-tokens", str(a.max_tokens), "--gamma", str(a.gamma), "--json"]
     base += [f for k in ("threads", "tau_draft", "tau_target") if getattr(a, k) is not None
              for f in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
+    base += ["--mmap", a.mmap] if knob == "repack" else ["--repack", a.repack]  # the other knob as asked
     runs = {"on": [], "off": []}
     loads = []
     for _ in range(a.reps):
         for variant in ("on", "off"):
-            p = subprocess.run(base + ["--repack", variant], capture_output=True, text=True, check=True,
+            p = subprocess.run(base + [f"--{knob}", variant], capture_output=True, text=True, check=True,
                                preexec_fn=preexec())  # ends with this script
             runs[variant].append(json.loads(p.stdout.strip().splitlines()[-1]))
             loads.append(os.getloadavg()[0])
     first = runs["on"][0]
     print(f"pair: {Path(draft).name} -> {Path(target).name}; {first['n_prompts']} GSM8K questions × {a.reps} runs "
-          f"per variant, alternating on/off in child processes; greedy, max {a.max_tokens} tokens, "
+          f"per variant, alternating {knob} on/off in child processes; greedy, max {a.max_tokens} tokens, "
           f"{first['threads']} threads; load avg {min(loads):.2f}-{max(loads):.2f}")
     print(f"llama.cpp: {first['llama_system_info']}")
     for variant in ("on", "off"):
-        print(f"repack {variant}: " + "; ".join(
+        print(f"{knob} {variant}: " + "; ".join(
             f"{role} {r['note'] or 'weight repacking on (' + (r['detail'] or '-') + ')'}"
-            for role, r in runs[variant][0]["repacking"].items()))
+            for role, r in runs[variant][0]["repacking"].items())
+            + f"; weights {'mapped' if runs[variant][0]['mmap'] else 'read into memory'}, "
+            f"load {statistics.median(r['load_s'] for r in runs[variant]):.2f} s (median)")
     print(f"{'mode':8} {'tok/s on':>9} {'tok/s off':>9} {'off/on':>7}   per run on | off  (medians of the runs: a run "
           "disturbed by other load does not drag the figure)")
     out = {}
@@ -106,13 +113,18 @@ def main() -> int:
     ap.add_argument("--repack", choices=("on", "off", "both"), default="on",
                     help="llama.cpp's weight repacking: on (as the self-test decides), off (--no-repack), or both "
                          "side by side")
-    ap.add_argument("--reps", type=int, default=2, help="with --repack both: runs of each variant, alternating")
+    ap.add_argument("--mmap", choices=("on", "off", "both"), default="on",
+                    help="the weights mapped from the file (on, llama.cpp's default), read into memory (off, "
+                         "--no-mmap), or both side by side")
+    ap.add_argument("--reps", type=int, default=2, help="with --repack/--mmap both: runs of each variant, alternating")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     a = ap.parse_args()
 
     draft, target = (a.draft, a.target) if a.draft and a.target else tiny_pair()
-    if a.repack == "both":
-        return repack_both(a, draft, target)
+    if a.repack == "both" and a.mmap == "both":
+        ap.error("--repack both and --mmap both: one side-by-side comparison at a time")
+    if a.repack == "both" or a.mmap == "both":
+        return both_ways(a, draft, target, "repack" if a.repack == "both" else "mmap")
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     # thresholds as generate/chat would use them: flags > the pair's profile > defaults
     from easd_local.store.resolve import PairFiles, resolve_config
@@ -122,7 +134,8 @@ def main() -> int:
                                       PairFiles(draft=Path(draft), target=Path(target), label="bench"), flags)
     t0 = time.perf_counter()
     extra = False if a.repack == "off" else None  # None: the self-test decides
-    pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads, extra_bufts=extra))
+    pair = load_pair(draft, target, LoadOptions(n_ctx=2048, n_threads=a.threads, extra_bufts=extra,
+                                                mmap=a.mmap == "on"))
     load_s = time.perf_counter() - t0
     problems = load_dataset("gsm8k", limit=a.n_prompts)
     agg = {m: Stats() for m in modes}
@@ -170,7 +183,8 @@ def main() -> int:
     out = dict(draft=str(draft), target=str(target), n_prompts=len(problems), max_tokens=a.max_tokens,
                gamma=a.gamma, threads=a.threads or os.cpu_count(), load_s=round(load_s, 2),
                tau_draft=base.tau_draft, tau_target=base.tau_target, tau_source=tau_source, modes=rows, ratios=ratios,
-               loadavg=os.getloadavg()[0], repacking=repacking, llama_system_info=system_info())
+               loadavg=os.getloadavg()[0], repacking=repacking, mmap=a.mmap == "on",
+               llama_system_info=system_info())
     if a.json:
         print(json.dumps(out))
         return 0

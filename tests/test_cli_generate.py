@@ -60,6 +60,15 @@ def test_invalid_parameters_rejected_before_loading(flag, value, message, tmp_pa
     assert "Traceback" not in r.output and "file not found" not in r.output
 
 
+def test_no_mmap_generates_the_same_tokens_and_records_itself(tiny_draft, tiny_target):
+    runs = [gen(["Tell me a story", "--json", "--max-tokens", "12", "--mode", "sd", *extra], tiny_draft, tiny_target)
+            for extra in ((), ("--no-mmap",))]
+    assert [r.exit_code for r in runs] == [0, 0], runs[-1].output
+    mapped, read = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert read["completion_tokens"] == mapped["completion_tokens"] and read["text"] == mapped["text"]
+    assert read["provenance"]["env"]["no_mmap"] is True and "no_mmap" not in mapped["provenance"]["env"]
+
+
 def test_top_n_larger_than_vocabulary(tiny_draft, tiny_target):
     r = gen(["hi", "--top-n", "100000"], tiny_draft, tiny_target)
     assert r.exit_code == 2

@@ -94,6 +94,10 @@ def test_environment_fields_and_id():
     assert provenance.env_difference(d, other.to_dict()) == ["threads 2 -> 1"]
     assert provenance.env_difference(d, d) == []
     assert provenance.env_difference(None, d) == ["environment unknown (written before provenance)"]
+    # --no-mmap decodes at another speed: recorded, and only when given (earlier rows keep their env_id)
+    read = provenance.environment(LoadOptions(n_ctx=512, n_threads=2, n_batch=256, flash_attn=True, mmap=False))
+    assert "no_mmap" not in d and read.to_dict()["no_mmap"] is True and read.env_id != env.env_id
+    assert read.load_options().mmap is False and env.load_options().mmap is True
 
 
 # ------------------------------------------------------------------ what results carry

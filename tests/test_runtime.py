@@ -5,7 +5,9 @@ threads spin-wait on each other, so two threads on two busy cores can be 100x sl
 """
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import tracemalloc
 
 import numpy as np
@@ -300,6 +302,24 @@ def test_vocab_only_load_is_the_vocabulary_without_a_context(tiny_target, target
         assert f.vocab.tokenize(MULTIBYTE) == target.vocab.tokenize(MULTIBYTE)
         assert f.n_vocab == f.vocab.n_vocab == target.n_vocab
         assert f.vocab.eog_ids() == target.vocab.eog_ids()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc/self/maps")
+def test_weights_read_into_memory_decode_as_the_mapped_ones(tiny_target, tmp_path):
+    """--no-mmap (LoadOptions.mmap=False): llama.cpp reads the file instead of mapping it, and
+    the model decodes bit for bit as the mapped one. A copy under its own name, so that no
+    other model of this process maps the same path."""
+    path = tmp_path / "own-target.gguf"
+    shutil.copyfile(tiny_target, path)
+    prompt = list(range(1, 40))
+    rows = {}
+    for mmap in (True, False):
+        with Model(path, LoadOptions(n_ctx=N_CTX, n_threads=1, n_batch=512, mmap=mmap)) as m:
+            with open("/proc/self/maps") as f:
+                mapped = str(path) in f.read()
+            assert mapped is mmap
+            rows[mmap] = m.decode(prompt, logits_at=range(len(prompt)))
+    np.testing.assert_array_equal(rows[True], rows[False])
 
 
 def test_closed_model_cannot_decode(tiny_target):

@@ -217,6 +217,7 @@ def _run(
     pair, draft, target, yes, out, resume, strict_env, max_tokens, temperature, top_k, top_p, gamma, draft_p_min,
     top_n, overlap, tau_draft, tau_target, penalty, ctx, threads, n_gpu_layers, n_gpu_layers_draft,
     flash_attn, main_gpu, verbose, rpc=None, rpc_draft=None, tensor_split=None, parallel=None, no_repack=False,
+    no_mmap=False,
     spec_type=None, draft_min=None, spec_ngram_size_n=None, spec_ngram_size_m=None, spec_ngram_mod_n_match=None,
 ) -> None:
     if dataset is None:
@@ -234,7 +235,7 @@ def _run(
     base = DecodeConfig(max_tokens=runner.DEFAULT_MAX_TOKENS)
     runner.check_methods(methods, base, flags)
     topts, dopts = o.load_options(ctx, threads, n_gpu_layers, flash_attn, main_gpu, verbose, n_gpu_layers_draft,
-                                  rpc, rpc_draft, tensor_split, no_repack)
+                                  rpc, rpc_draft, tensor_split, no_repack, no_mmap)
     parallel, topts, dopts = o.parallel_options(parallel, topts, dopts)
     problems = load_dataset(dataset, question_key, answer_key, grader, limit=limit, offset=offset, sample=sample,
                             seed=0 if seed is None else seed,
@@ -398,6 +399,7 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         rpc=(_panel(o.RpcOpt, P_LLAMA), None), rpc_draft=(_panel(o.RpcDraftOpt, P_LLAMA), None),
         tensor_split=(_panel(o.TensorSplitOpt, P_LLAMA), None),
         parallel=(_panel(o.ParallelOpt, P_LLAMA), None), no_repack=(_panel(o.NoRepackOpt, P_LLAMA), False),
+        no_mmap=(_panel(o.NoMmapOpt, P_LLAMA), False),
     )
 
     def with_run_options(fn):

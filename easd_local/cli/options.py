@@ -62,6 +62,10 @@ NoRepackOpt = Annotated[bool, typer.Option(
     help="Do not repack weights for llama.cpp's faster CPU (CPU_REPACK, AMX) kernels (llama.cpp: -nr). Without it, "
          "a self-test decides once per CPU, build and model type (it turns repacking off where those kernels "
          "crash: llama.cpp #20824).")]
+NoMmapOpt = Annotated[bool, typer.Option(
+    "--no-mmap",
+    help="Read the weights into memory instead of mapping the file (llama.cpp: --no-mmap): slower to load, "
+         "faster to decode on some CPUs (`python scripts/bench_modes.py --mmap both` measures yours).")]
 RpcOpt = Annotated[Optional[str], typer.Option(
     "--rpc", metavar="HOST:PORT[,...]",
     help=with_default("Put the target's offloaded layers (--n-gpu-layers) on these llama.cpp rpc-servers (and local "
@@ -137,7 +141,8 @@ GEN = DecodeOpts(DecodeConfig(), mode_default=AUTO_MODE_RULE)
 
 def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: bool, main_gpu: int, verbose: bool,
                  n_gpu_layers_draft: int | None = None, rpc: str | None = None, rpc_draft: str | None = None,
-                 tensor_split: str | None = None, no_repack: bool = False) -> tuple[LoadOptions, LoadOptions]:
+                 tensor_split: str | None = None, no_repack: bool = False,
+                 no_mmap: bool = False) -> tuple[LoadOptions, LoadOptions]:
     """(target options, draft options), validated."""
     rpc_t, rpc_d = parse_endpoints(rpc, "--rpc"), parse_endpoints(rpc_draft, "--rpc-draft")
     split = parse_tensor_split(tensor_split)
@@ -149,10 +154,12 @@ def load_options(ctx: int, threads: int | None, n_gpu_layers: int, flash_attn: b
     if threads is None:
         threads = host.physical_cores()  # llama.cpp's own default: hyperthreads add little to its matmuls
     t = LoadOptions(n_ctx=ctx, n_threads=threads, n_gpu_layers=n_gpu_layers, flash_attn=flash_attn,
-                    main_gpu=main_gpu, verbose=verbose, rpc=rpc_t, tensor_split=split, extra_bufts=repack)
+                    main_gpu=main_gpu, verbose=verbose, rpc=rpc_t, tensor_split=split, extra_bufts=repack,
+                    mmap=not no_mmap)
     d = LoadOptions(n_ctx=ctx, n_threads=threads,
                     n_gpu_layers=n_gpu_layers if n_gpu_layers_draft is None else n_gpu_layers_draft,
-                    flash_attn=flash_attn, main_gpu=main_gpu, verbose=verbose, rpc=rpc_d, extra_bufts=repack)
+                    flash_attn=flash_attn, main_gpu=main_gpu, verbose=verbose, rpc=rpc_d, extra_bufts=repack,
+                    mmap=not no_mmap)
     return t, d
 
 
@@ -216,7 +223,8 @@ DECODE_OPTIONS = decode_group(GEN)
 LLAMA_OPTIONS = dict(
     ctx=(CtxOpt, 4096), threads=(ThreadsOpt, None), n_gpu_layers=(NglOpt, -1), n_gpu_layers_draft=(NglDraftOpt, None),
     flash_attn=(FlashOpt, False), main_gpu=(MainGpuOpt, 0), rpc=(RpcOpt, None), rpc_draft=(RpcDraftOpt, None),
-    tensor_split=(TensorSplitOpt, None), no_repack=(NoRepackOpt, False), verbose=(VerboseOpt, False),
+    tensor_split=(TensorSplitOpt, None), no_repack=(NoRepackOpt, False), no_mmap=(NoMmapOpt, False),
+    verbose=(VerboseOpt, False),
 )
 
 

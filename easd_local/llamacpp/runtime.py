@@ -92,6 +92,9 @@ class LoadOptions:
     # llama.cpp's extra buffer types (weights repacked for CPU_REPACK / AMX kernels): False is
     # --no-repack, True uses them without a self-test, None lets ``repack.decide`` choose
     extra_bufts: bool | None = None
+    # False is --no-mmap: the weights read into memory of their own instead of mapped from the
+    # file (llama.cpp: --no-mmap); slower to load, faster to decode on some CPUs (docs/cpus-and-gpus.md)
+    mmap: bool = True
 
     def threads(self) -> int:
         return self.n_threads if self.n_threads and self.n_threads > 0 else (os.cpu_count() or 4)
@@ -174,6 +177,8 @@ class ModelFile:
         mparams.main_gpu = opts.main_gpu
         mparams.vocab_only = not weights
         mparams.use_extra_bufts = bool(extra_bufts)
+        if weights and not opts.mmap:
+            mparams.load_mode = _ll.LLAMA_LOAD_MODE_NONE  # read, not mapped (llama.cpp's default: auto)
         devs, split = devices.model_devices(opts.rpc, opts.tensor_split) if weights else (None, None)
         if devs is not None:
             mparams.devices = ctypes.cast(devs, ctypes.c_void_p)

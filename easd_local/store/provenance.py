@@ -63,10 +63,11 @@ class Environment:
     rpc_draft: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
     no_repack: bool = False  # --no-repack: llama.cpp's extra buffer types (repacked weights) off
+    no_mmap: bool = False  # --no-mmap: the weights read into memory, not mapped (decode speed differs)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for key in ("rpc", "rpc_draft", "tensor_split", "no_repack"):
+        for key in ("rpc", "rpc_draft", "tensor_split", "no_repack", "no_mmap"):
             # absent when unused, so that environments without RPC keep their env_id
             if not d[key]:
                 del d[key]
@@ -85,7 +86,7 @@ class Environment:
             n_gpu_layers=self.n_gpu_layers_draft if draft else self.n_gpu_layers,
             flash_attn=self.flash_attn, main_gpu=self.main_gpu or 0, n_batch=self.n_batch,
             rpc=self.rpc_draft if draft else self.rpc, tensor_split=() if draft else self.tensor_split,
-            extra_bufts=False if self.no_repack else None,
+            extra_bufts=False if self.no_repack else None, mmap=not self.no_mmap,
         )
 
 
@@ -234,6 +235,7 @@ def environment(target_opts: LoadOptions, draft_opts: LoadOptions | None = None,
         rpc_draft=draft_opts.rpc,
         tensor_split=target_opts.tensor_split,
         no_repack=target_opts.extra_bufts is False,
+        no_mmap=not target_opts.mmap,
     )
 
 
