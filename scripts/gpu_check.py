@@ -19,7 +19,8 @@ What it does, on a machine with ``nvidia-smi`` and the CUDA toolkit (``nvcc``, C
    (``n_gpu_layers=-1``): tokens/s, and ``seconds_controller`` (everything outside
    ``llama_decode`` and its wait for the device) as a share of the time and per token; then
    ``scripts/controller_floor.py``'s bare loops (target, greedy sd) on the same pair: the least
-   a Python loop pays between these decodes;
+   a Python loop pays between these decodes, reading the rows, and the same loops with
+   llama.cpp's argmax in the decode's graph (a greedy sampler attached: no row leaves the GPU);
 3. ``llama-speculative-simple`` from the same build, ``-ngl 99 -ngld 99``, on the same prompt,
    files and gamma: its tokens/s.
 
@@ -222,8 +223,11 @@ def run_ours(draft: str, target: str, max_tokens: int, gamma: int, prompt_text: 
     from easd_local.engine.pair import load_pair
     from easd_local.llamacpp.runtime import LoadOptions
 
+    import controller_floor
+
     out = {"draft_file": draft, "target_file": target, "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
            "library": os.environ.get("LLAMA_CPP_LIB_PATH")}
+    controller_floor.outputs_per_seq(gamma + 1)  # a verify block's rows for the bare loops' sampler
     with load_pair(Path(draft), Path(target), LoadOptions(n_ctx=4096, n_gpu_layers=-1)) as pair:
         out["placement"] = {"target": pair.target.placement, "draft": pair.draft.placement}
         out["n_vocab"] = pair.n_vocab
@@ -244,13 +248,23 @@ def run_ours(draft: str, target: str, max_tokens: int, gamma: int, prompt_text: 
                 "target_decode_s": round(s.seconds_target, 3),
                 "draft_decode_s": round(s.seconds_draft, 3),
             }
-        # the least a Python loop pays between these decodes (scripts/controller_floor.py)
-        import controller_floor
-
-        bare = {"target": controller_floor.bare_target(pair.target, prompt, max_tokens),
-                "sd": controller_floor.bare_sd(pair.target, pair.draft, prompt, max_tokens, gamma)}
-        for mode, (toks, wall, dec) in bare.items():
-            out[f"bare_{mode}_us_per_token"] = round(1e6 * (wall - dec) / len(toks), 1)
+        # the least a Python loop pays between these decodes (scripts/controller_floor.py), reading
+        # the rows (numpy's argmax) and with llama.cpp's argmax in the decode's graph (no row leaves
+        # the device: the lever left under that floor, docs/controller.md)
+        bare_tokens: dict[str, list[int]] = {}
+        for sampled, name in ((False, "bare"), (True, "bare_lcpp")):
+            try:
+                bare = {"target": controller_floor.bare_target(pair.target, prompt, max_tokens, sampled),
+                        "sd": controller_floor.bare_sd(pair.target, pair.draft, prompt, max_tokens, gamma, sampled)}
+            except RuntimeError as e:  # llama.cpp cannot sample on this backend
+                out[f"{name}_error"] = str(e)
+                continue
+            for mode, (toks, wall, dec) in bare.items():
+                out[f"{name}_{mode}_us_per_token"] = round(1e6 * (wall - dec) / len(toks), 1)
+                out[f"{name}_{mode}_tokens_per_s"] = round(len(toks) / wall, 2)
+                if sampled:
+                    out[f"{name}_{mode}_same_tokens"] = toks == bare_tokens.get(mode)
+            bare_tokens = {mode: toks for mode, (toks, _, _) in bare.items()}
     return out
 
 
@@ -361,8 +375,15 @@ def main() -> int:
         o = ours[m]
         share = f"{100 * o['controller_share']:.1f} %" if o["controller_share"] is not None else "-"
         print(f"{'ours ' + m:26} {o['tokens_per_s']:>8} {share:>11} {o['controller_us_per_token']:>9}")
-    for m in ("target", "sd"):
-        print(f"{'bare Python loop, ' + m:26} {'-':>8} {'-':>11} {ours[f'bare_{m}_us_per_token']:>9}")
+    for name, words in (("bare", "bare Python loop"), ("bare_lcpp", "bare, llama.cpp's argmax")):
+        if f"{name}_error" in ours:
+            print(f"{words}: {ours[f'{name}_error']}")
+            continue
+        for m in ("target", "sd"):
+            print(f"{words + ', ' + m:26} {ours[f'{name}_{m}_tokens_per_s']:>8} {'-':>11} "
+                  f"{ours[f'{name}_{m}_us_per_token']:>9}"
+                  + ("" if ours.get(f"{name}_{m}_same_tokens", True) else "   (tokens differ from the bare loop's)"))
+    print("(the bare loops' tok/s count the prompt's evaluation in their time)")
     if native:
         print(f"{'llama-speculative-simple':26} {native['tokens_per_s']:>8} {'-':>11} {'-':>9}"
               f"   (acceptance {native['acceptance_rate']:.0%})")

@@ -370,14 +370,18 @@ def test_controller_split_names_a_missing_model_in_one_line(tmp_path):
 
 
 
-def test_controller_floor_bare_loops_emit_easd_locals_tokens(tmp_path, tiny_draft, tiny_target):
+@pytest.mark.parametrize("backend", [False, True], ids=["numpy", "llama.cpp-argmax"])
+def test_controller_floor_bare_loops_emit_easd_locals_tokens(tmp_path, tiny_draft, tiny_target, backend):
     """``scripts/controller_floor.py`` on the tiny pair (real llama.cpp): its bare target loop
     and its bare greedy SD loop (draft model, catch-up, verify block, both rollbacks) build
     easd-local's batches, so they emit easd-local's tokens in every round; each line carries
-    both figures."""
+    both figures. With ``--backend-sampling`` the same loops with llama.cpp's argmax (a greedy
+    sampler attached to the sequence, a verify block's rows sampled in the graph) emit the very
+    same tokens too, and each line carries both bare loops' milliseconds a token."""
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "controller_floor.py"), "--draft", str(tiny_draft), "--target",
-         str(tiny_target), "--max-tokens", "24", "--rounds", "2", "--threads", "1", "--gamma", "3"],
+         str(tiny_target), "--max-tokens", "24", "--rounds", "2", "--threads", "1", "--gamma", "3"]
+        + (["--backend-sampling"] if backend else []),
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
@@ -385,7 +389,11 @@ def test_controller_floor_bare_loops_emit_easd_locals_tokens(tmp_path, tiny_draf
     assert len(rounds) == 4 and sum(line.startswith("sd ") for line in rounds) == 2, out.stdout
     for line in rounds:
         assert line.endswith("(same tokens)"), line
-        assert re.search(r"bare loop +\d+ +easd-local +\d+ +difference +-?\d+", line), line
+        if backend:
+            assert re.search(r"bare loop +\d+ +bare, llama.cpp's argmax +\d+ +easd-local +\d+ +difference +-?\d+ +"
+                             r"ms a token: bare [\d.]+, llama.cpp's argmax [\d.]+ ", line), line
+        else:
+            assert re.search(r"bare loop +\d+ +easd-local +\d+ +difference +-?\d+", line), line
     assert re.search(r"argmax straight after a decode \d+ µs, the same argmax again \d+ µs", out.stdout)
 
 
@@ -400,4 +408,7 @@ def test_gpu_check_child_reports_our_modes_and_the_bare_loops(tmp_path, tiny_dra
     got = json.loads(out.stdout.strip().splitlines()[-1])
     for mode in ("target", "sd", "easd-tf"):
         assert got[mode]["tokens"] == 12 and got[mode]["controller_us_per_token"] > 0, got[mode]
-    assert got["bare_target_us_per_token"] > 0 and got["bare_sd_us_per_token"] > 0
+    for name in ("bare", "bare_lcpp"):  # reading the rows; llama.cpp's argmax in the graph
+        for mode in ("target", "sd"):
+            assert got[f"{name}_{mode}_us_per_token"] > 0 and got[f"{name}_{mode}_tokens_per_s"] > 0, got
+    assert got["bare_lcpp_target_same_tokens"] and got["bare_lcpp_sd_same_tokens"], got
