@@ -230,6 +230,9 @@ def run_ours(draft: str, target: str, max_tokens: int, gamma: int, prompt_text: 
     controller_floor.outputs_per_seq(gamma + 1)  # a verify block's rows for the bare loops' sampler
     with load_pair(Path(draft), Path(target), LoadOptions(n_ctx=4096, n_gpu_layers=-1)) as pair:
         out["placement"] = {"target": pair.target.placement, "draft": pair.draft.placement}
+        # llama.cpp's own tool skips our loader's repacking self-test: it runs without repacking
+        # where the self-test turned it off (an AMX host whose kernels crash, llama.cpp #20824)
+        out["repack_off"] = not (pair.target.repack.extra_bufts and pair.draft.repack.extra_bufts)
         out["n_vocab"] = pair.n_vocab
         prompt = pair.target.vocab.tokenize(prompt_text)
         for i, mode in enumerate(("target", *MODES)):  # the first: a warm-up
@@ -290,7 +293,9 @@ def the_pair(kind: str, tmp: Path) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------ 3. llama-speculative-simple
-def run_native(bin_dir: Path, draft: str, target: str, args) -> dict:
+def run_native(bin_dir: Path, draft: str, target: str, args, no_repack: bool) -> dict:
+    """llama-speculative-simple's figures, or ``{"error": ...}`` where it failed (our figures
+    stand without it)."""
     import bench_speed as bs
 
     exe = bin_dir / "llama-speculative-simple"
@@ -298,11 +303,15 @@ def run_native(bin_dir: Path, draft: str, target: str, args) -> dict:
         pf = Path(tmp) / "prompt.txt"
         pf.write_text(args.prompt)
         ns = argparse.Namespace(target=target, draft=draft, max_tokens=args.max_tokens, threads=os.cpu_count() or 4,
-                                ctx=4096, flash_attn=False, gamma=args.gamma)
+                                ctx=4096, flash_attn=False, gamma=args.gamma, no_repack=no_repack)
         cmd = bs.native_sd_cmd({"llama-speculative-simple": exe}, ns, pf) + ["-ngl", "99", "-ngld", "99"]
-        bs.run_native(cmd, bs.parse_speculative, 600)  # a warm-up
-        r = bs.run_native(cmd, bs.parse_speculative, 600)
-    return {"tokens": r["tokens"], "tokens_per_s": r["tokens_per_s"], "acceptance_rate": round(r["acceptance_rate"], 3)}
+        try:
+            bs.run_native(cmd, bs.parse_speculative, 600)  # a warm-up
+            r = bs.run_native(cmd, bs.parse_speculative, 600)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            return {"error": str(e).splitlines()[0], "no_repack": no_repack}
+    return {"tokens": r["tokens"], "tokens_per_s": r["tokens_per_s"], "acceptance_rate": round(r["acceptance_rate"], 3),
+            "no_repack": no_repack}
 
 
 def main() -> int:
@@ -361,7 +370,7 @@ def main() -> int:
         ours = json.loads(r.stdout.strip().splitlines()[-1])
         if a.cuda and not ours["gpu_offload"]:
             raise SystemExit(f"error: the library in {bin_dir} has no GPU offload")
-        native = None if a.no_native else run_native(bin_dir, draft, target, a)
+        native = None if a.no_native else run_native(bin_dir, draft, target, a, ours.get("repack_off", False))
     result = {"gpus": gpus, "pair": a.pair, "max_tokens": a.max_tokens, "gamma": a.gamma, "ours": ours,
               "llama-speculative-simple": native}
     if a.json:
@@ -370,23 +379,26 @@ def main() -> int:
     where = "every layer on the GPU" if a.cuda else "CPU build, no GPU"
     print(f"{gpus}\n{a.pair} pair ({ours['n_vocab']:,} tokens), {where} ({ours['placement']}), greedy, "
           f"{a.max_tokens} tokens, gamma {a.gamma}")
-    print(f"{'':26} {'tok/s':>8} {'controller':>11} {'us/token':>9}")
+    print(f"{'':34} {'tok/s':>8} {'controller':>11} {'us/token':>9}")
     for m in MODES:
         o = ours[m]
         share = f"{100 * o['controller_share']:.1f} %" if o["controller_share"] is not None else "-"
-        print(f"{'ours ' + m:26} {o['tokens_per_s']:>8} {share:>11} {o['controller_us_per_token']:>9}")
+        print(f"{'ours ' + m:34} {o['tokens_per_s']:>8} {share:>11} {o['controller_us_per_token']:>9}")
     for name, words in (("bare", "bare Python loop"), ("bare_lcpp", "bare, llama.cpp's argmax")):
         if f"{name}_error" in ours:
             print(f"{words}: {ours[f'{name}_error']}")
             continue
         for m in ("target", "sd"):
-            print(f"{words + ', ' + m:26} {ours[f'{name}_{m}_tokens_per_s']:>8} {'-':>11} "
+            print(f"{words + ', ' + m:34} {ours[f'{name}_{m}_tokens_per_s']:>8} {'-':>11} "
                   f"{ours[f'{name}_{m}_us_per_token']:>9}"
                   + ("" if ours.get(f"{name}_{m}_same_tokens", True) else "   (tokens differ from the bare loop's)"))
     print("(the bare loops' tok/s count the prompt's evaluation in their time)")
-    if native:
-        print(f"{'llama-speculative-simple':26} {native['tokens_per_s']:>8} {'-':>11} {'-':>9}"
-              f"   (acceptance {native['acceptance_rate']:.0%})")
+    if native and "error" in native:
+        print(f"llama-speculative-simple: {native['error']}")
+    elif native:
+        print(f"{'llama-speculative-simple':34} {native['tokens_per_s']:>8} {'-':>11} {'-':>9}"
+              f"   (acceptance {native['acceptance_rate']:.0%}"
+              + (", --no-repack as ours" if native["no_repack"] else "") + ")")
     return 0
 
 

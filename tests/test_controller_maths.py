@@ -329,6 +329,32 @@ def test_gpu_check_pack_holds_what_the_build_needs_and_no_more(tmp_path):
     assert not (tmp_path / "out" / "pack.tar.xz.part").exists()
 
 
+def test_gpu_check_runs_llama_cpps_tool_as_ours_and_survives_its_crash(tmp_path):
+    """``gpu_check.py``'s run of ``llama-speculative-simple``: without weight repacking where our
+    loader's self-test turned it off (on an AMX host llama.cpp's kernels crash, llama.cpp
+    #20824, and the tool skips the self-test), and a tool that dies by a signal is one line in
+    the result, not the end of the run (our figures stand without it). A stand-in tool records
+    its arguments and crashes."""
+    import argparse
+    import importlib.util
+    import signal
+    import stat
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    argv = tmp_path / "argv.txt"
+    tool = tmp_path / "llama-speculative-simple"
+    tool.write_text(f'#!/bin/sh\necho "$@" > {argv}\nkill -SEGV $$\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    args = argparse.Namespace(prompt="hi", max_tokens=8, gamma=4)
+    for no_repack in (True, False):
+        got = gc.run_native(tmp_path, "d.gguf", "t.gguf", args, no_repack)
+        assert got == {"error": f"llama-speculative-simple exited -{int(signal.SIGSEGV)}:", "no_repack": no_repack}
+        words = argv.read_text().split()
+        assert ("--no-repack" in words) == no_repack and words[words.index("-ngld") + 1] == "99", words
+
+
 def test_gpu_check_refuses_a_missing_or_broken_pack_in_one_line(tmp_path):
     script = [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--cpu-build", "--build-dir", str(tmp_path / "b")]
     r = subprocess.run(script + ["--pack", str(tmp_path / "none.tar.xz")], capture_output=True, text=True, timeout=120)
@@ -408,6 +434,7 @@ def test_gpu_check_child_reports_our_modes_and_the_bare_loops(tmp_path, tiny_dra
     got = json.loads(out.stdout.strip().splitlines()[-1])
     for mode in ("target", "sd", "easd-tf"):
         assert got[mode]["tokens"] == 12 and got[mode]["controller_us_per_token"] > 0, got[mode]
+    assert isinstance(got["repack_off"], bool)  # what llama-speculative-simple is then told
     for name in ("bare", "bare_lcpp"):  # reading the rows; llama.cpp's argmax in the graph
         for mode in ("target", "sd"):
             assert got[f"{name}_{mode}_us_per_token"] > 0 and got[f"{name}_{mode}_tokens_per_s"] > 0, got
