@@ -25,7 +25,9 @@ against our ``sd``. Both prompt caches are off (llama-server: ``--cache-ram 0``;
 server would otherwise serve from its cache (a first run, before easd-local had one, did: 0.2 s
 to first token against our 1.9 s). A closing table prints ours / llama-server for every (parallel, mode,
 K). ``--no-llama-server`` skips that half, ``--no-ours`` the other; ``--no-build`` skips
-llama-server when it is not built.
+llama-server when it is not built. llama-server skips our loader's repacking self-test: where
+its verdict turned repacking off for these models (an AMX CPU whose kernels crash, llama.cpp
+#20824) llama-server gets ``-nr`` too, so both run the same kernels and neither crashes.
 
 **Multi-turn mode** (``--multi-turn N``): the prompt cache across requests, with the cache on
 for both servers (llama-server with its defaults: ``--cache-ram`` 8 GiB, ``cache_prompt``
@@ -140,11 +142,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def repack_off(draft: Path, target: Path, threads: int | None) -> bool:
+    """Whether our loader runs these models without weight repacking here (its self-test's
+    verdict, remembered per file and machine): llama-server skips that self-test, so it is then
+    told ``-nr`` (on an AMX CPU whose kernels crash, llama.cpp #20824, it would crash too) and
+    both servers run the same kernels."""
+    from easd_local.llamacpp import repack
+    from easd_local.llamacpp.runtime import LoadOptions
+
+    n = LoadOptions(n_threads=threads).threads()
+    return not all(repack.decide(m, requested=None, threads=n, n_gpu_layers=0).extra_bufts for m in (target, draft))
+
+
 def llama_server(exe: Path, draft: Path, target: Path, parallel: int, with_draft: bool, a, log_path: Path,
                  cache: bool = False) -> Server:
     port = free_port()
     cmd = [str(exe), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-np", str(parallel),
            "-c", str(a.ctx * parallel), "-kvu", "--no-webui", "-fa", "off", "-ngl", "0"]
+    if a.no_repack:
+        cmd.append("-nr")
     if not cache:
         cmd += ["--cache-ram", "0"]
     if a.threads:
@@ -421,6 +437,7 @@ def main() -> None:
                     help="multi-turn: also run easd-local with --no-cache-prompt")
     bench_speed.add_build_options(ap, "skip llama-server if it is not built")
     a = ap.parse_args()
+    a.no_repack = False  # llama-server's -nr: set below where our loader's verdict says so
     # a SIGTERM (timeout, kill) ends through the finally blocks, so the server process is stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model_args = (["--draft", a.draft, "--target", a.target] if a.draft else (["--pair", a.pair] if a.pair else []))
@@ -433,6 +450,9 @@ def main() -> None:
         else:
             tools = bench_speed.ensure_tools(a, ("llama-server",))
             exe = tools["llama-server"] if tools else None
+            a.no_repack = exe is not None and repack_off(draft, target, a.threads)
+            if a.no_repack:
+                log("llama-server runs with -nr (no weight repacking), as our loader does here")
     rows = []
     log(f"load: {os.getloadavg()}")
     if a.multi_turn:

@@ -117,6 +117,28 @@ def test_llama_server_command(tmp_path, monkeypatch):
     assert "--spec-type" not in seen["cmd"] and "-nr" not in seen["cmd"]
 
 
+@pytest.mark.parametrize("verdict", ["crash", "ok"])
+def test_bench_serve_tells_llama_server_what_our_loader_decided(tmp_path, monkeypatch, verdict):
+    """bench_serve.py's llama-server skips our loader's repacking self-test: where the verdict
+    turned repacking off (an AMX CPU whose kernels crash) it gets -nr, else not (the verdict
+    forced here, as the suite does where it needs one)."""
+    from easd_local.llamacpp import repack
+
+    seen = {}
+
+    class FakeServer:
+        def __init__(self, cmd, log_path, base=None):
+            seen.update(cmd=cmd)
+
+    monkeypatch.setattr(bench.bench_serve, "Server", FakeServer)
+    monkeypatch.setenv(repack.FORCE_ENV, verdict)
+    off = bench.bench_serve.repack_off(Path("d.gguf"), Path("t.gguf"), 2)
+    assert off is (verdict == "crash")
+    a = Namespace(ctx=4096, threads=2, gamma=4, no_repack=off)
+    bench.bench_serve.llama_server(Path("llama-server"), Path("d.gguf"), Path("t.gguf"), 1, True, a, tmp_path / "log")
+    assert ("-nr" in seen["cmd"]) is off and seen["cmd"][seen["cmd"].index("-md") + 1] == "d.gguf"
+
+
 def _run(tmp_path, *args, timeout=300) -> subprocess.CompletedProcess:
     env = dict(os.environ, EASD_LOCAL_HOME=str(tmp_path / "home"))
     env.pop("EASD_LOCAL_CATALOG", None)
