@@ -69,6 +69,8 @@ class Bare:
         self.chain = None
         if sampled:
             ll = self._ll
+            if not hasattr(ll, "llama_set_sampler"):  # an experimental API of llama.cpp's (0.3.36 has it)
+                raise RuntimeError("this llama-cpp-python has no backend sampling (llama_set_sampler)")
             self.chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
             ll.llama_sampler_chain_add(self.chain, ll.llama_sampler_init_greedy())
             if not ll.llama_set_sampler(self.ctx, 0, self.chain):

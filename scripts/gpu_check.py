@@ -259,8 +259,8 @@ def run_ours(draft: str, target: str, max_tokens: int, gamma: int, prompt_text: 
             try:
                 bare = {"target": controller_floor.bare_target(pair.target, prompt, max_tokens, sampled),
                         "sd": controller_floor.bare_sd(pair.target, pair.draft, prompt, max_tokens, gamma, sampled)}
-            except RuntimeError as e:  # llama.cpp cannot sample on this backend
-                out[f"{name}_error"] = str(e)
+            except Exception as e:  # e.g. llama.cpp cannot sample on this backend: the figures above stand
+                out[f"{name}_error"] = f"{type(e).__name__}: {e}"
                 continue
             for mode, (toks, wall, dec) in bare.items():
                 out[f"{name}_{mode}_us_per_token"] = round(1e6 * (wall - dec) / len(toks), 1)

@@ -423,6 +423,34 @@ def test_controller_floor_bare_loops_emit_easd_locals_tokens(tmp_path, tiny_draf
     assert re.search(r"argmax straight after a decode \d+ µs, the same argmax again \d+ µs", out.stdout)
 
 
+def test_the_bare_loop_without_backend_sampling_says_so_and_leaves_the_model_as_it_was(tiny_target, monkeypatch):
+    """``controller_floor.Bare(..., sampled=True)`` over a llama-cpp-python without the
+    (experimental) backend sampling API: one RuntimeError naming it (``gpu_check``'s child then
+    records it beside the figures it has), and the model decodes on as before."""
+    import importlib.util
+    import types
+
+    from easd_local.llamacpp import runtime
+    from easd_local.llamacpp.runtime import LoadOptions, Model
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location("controller_floor", REPO / "scripts" / "controller_floor.py")
+        cf = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(cf)
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    with Model(tiny_target, LoadOptions(n_ctx=64, n_threads=1)) as m:
+        without = types.SimpleNamespace(**{k: getattr(runtime._ll, k) for k in dir(runtime._ll)
+                                           if not k.startswith("__") and k != "llama_set_sampler"})
+        monkeypatch.setattr(runtime, "_ll", without)
+        with pytest.raises(RuntimeError, match="no backend sampling"):
+            cf.Bare(m, sampled=True)
+        monkeypatch.undo()
+        toks, _, _ = cf.bare_target(m, [1, 2, 3], 4)
+        assert len(toks) == 4 and toks == cf.bare_target(m, [1, 2, 3], 4, sampled=True)[0]
+
+
 def test_gpu_check_child_reports_our_modes_and_the_bare_loops(tmp_path, tiny_draft, tiny_target):
     """``gpu_check.py``'s child step (what runs over the built library on a GPU machine), here
     over the installed llama-cpp-python on the tiny pair: every mode's figures and both bare
