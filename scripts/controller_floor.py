@@ -265,9 +265,10 @@ def _line(row: dict) -> str:
 
 
 def _parted(a: list[int], b: list[int]) -> str:
-    if a == b:
-        return "same tokens"
-    return f"tokens differ from position {next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))}"
+    from easd_local.engine.near_ties import first_difference
+
+    k = first_difference(a, b)
+    return "same tokens" if k is None else f"tokens differ from position {k}"
 
 
 def ours(pair, prompt: list[int], mode: str, max_tokens: int, gamma: int) -> tuple[list[int], float]:

@@ -83,9 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                 differ += (got >= a.tau) != (h >= a.tau)
                 t = int(z.argmax())
                 unequal += gate.entropy_against(z, a.tau, z[t]) != got  # given the maximum: the very same figure
-                first, second = (us_own, us_given) if n_rows % 2 else (us_given, us_own)  # alternate the order
-                first.append(cold_us(lambda: gate.entropy_against(z, a.tau, None if first is us_own else z[t])))
-                second.append(cold_us(lambda: gate.entropy_against(z, a.tau, None if second is us_own else z[t])))
+                own = (us_own, None)  # finding the row's maximum itself
+                given = (us_given, z[t])  # given it: the argmax's logit
+                for times, top in (own, given) if n_rows % 2 else (given, own):  # the order alternates by row
+                    times.append(cold_us(lambda: gate.entropy_against(z, a.tau, top)))
                 if t in eog:
                     break
                 z = m.decode([t], logits_at=(-1,))[0]
