@@ -290,6 +290,35 @@ def test_a_stalled_body_is_408_and_a_slow_one_is_served(server):
     assert "Traceback" not in server.output(), server.output()
 
 
+def test_a_stalled_request_head_is_408_and_a_slow_one_is_served(server):
+    """uvicorn starts no clock before a request's headers are complete: a client that stops in
+    the middle of them is answered 408 (the API's JSON error) after --timeout seconds without a
+    byte and its connection closed; a connection that sends nothing is closed without an answer;
+    a head that keeps coming, however slowly, is served; an unparseable head gets the JSON 400."""
+    status, body, elapsed = _exchange(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+    assert status == 408 and body["error"]["code"] == "request_timeout", body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert BODY_TIMEOUT <= elapsed < BODY_TIMEOUT + 20, elapsed
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.settimeout(BODY_TIMEOUT + 30)
+        t0 = time.monotonic()
+        assert s.recv(65536) == b""  # closed, nothing said
+        assert BODY_TIMEOUT <= time.monotonic() - t0 < BODY_TIMEOUT + 20
+    whole = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(whole)) + whole
+    parts = [head[i:i + 40] for i in range(0, len(head), 40)]
+    gap = 0.6 * BODY_TIMEOUT  # each part within the timeout, the whole head well past it
+    assert gap * (len(parts) - 1) > 1.5 * BODY_TIMEOUT
+    status, body, _ = _exchange(server.port, parts[0], parts[1:], gap)
+    assert status == 200 and body["usage"]["completion_tokens"] >= 1, body
+    status, body, _ = _exchange(server.port, b"GET /health HTTP/1.1\r\nHost x\r\n\r\n")
+    assert status == 400 and body["error"]["code"] == "invalid_http", body
+    ok, _, out = http("GET", server.base + "/health")  # the server goes on
+    assert ok == 200 and out == {"status": "ok"}
+    assert "Traceback" not in server.output(), server.output()
+
+
 def test_a_request_joins_the_running_batch(server, client, model_name):
     """With --parallel 4, a short request sent while a long one streams is served at once,
     not after it: right after it returns, the long one still holds its slot."""

@@ -60,8 +60,9 @@ def register(app: typer.Typer, models_app: typer.Typer) -> None:
         api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="EASD_LOCAL_API_KEY",
                            help="Require 'Authorization: Bearer KEY' (all endpoints but /health). \\[default: none: no key]")] = None,
         max_body: Annotated[int, typer.Option("--max-body", help="Largest request body in bytes (413 past it).")] = DEFAULT_MAX_BODY,
-        timeout: Annotated[float, typer.Option("--timeout", "-to", help="Seconds a request body may go without a "
-                           "byte arriving before the request is answered 408 (llama-server's --timeout).")
+        timeout: Annotated[float, typer.Option("--timeout", "-to", help="Seconds a request (its headers or its "
+                           "body) may go without a byte arriving before it is answered 408 and its connection "
+                           "closed (llama-server's --timeout).")
                            ] = DEFAULT_BODY_TIMEOUT_S,
         cors_origin: Annotated[Optional[list[str]], typer.Option("--cors-origin", metavar="ORIGIN",
                                help="A browser origin (https://chat.example.org) whose pages may call the API, "
@@ -144,6 +145,7 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
     import uvicorn
 
     from ..server.app import ServeConfig, create_app
+    from ..server.connection import protocol_class
     from ..server.engine import Engine
 
     server_box: list = []
@@ -170,7 +172,8 @@ def _run(sock, spec, cfg, source, why, topts, dopts, parallel, queue, api_key, m
     app = create_app(engine, ServeConfig(model_name=spec.label, base=cfg, thresholds_source=source,
                                          api_key=api_key, max_body=max_body, webui=webui, easd_losses=losses,
                                          body_timeout=body_timeout, cors_origins=cors_origins))
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off")
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5, lifespan="off",
+                            http=protocol_class(body_timeout))
     server = _stopping_engine_first(uvicorn.Server, engine)(config)
     server_box.append(server)
     bound_host, bound_port = sock.getsockname()[:2]
