@@ -34,25 +34,18 @@ def protocol_class(head_timeout: float) -> type[H11Protocol]:
 
     class Connection(H11Protocol):
         _head_timer = None
-        _head_bytes = False  # part of a request head has arrived since the last response
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
 
         def data_received(self, data: bytes) -> None:
-            if self.conn.their_state is h11.IDLE and data:
-                self._head_bytes = True
             super().data_received(data)
             self._arm()
 
         def connection_lost(self, exc) -> None:
             self._disarm()
             super().connection_lost(exc)
-
-        def on_response_complete(self) -> None:
-            self._head_bytes = False
-            super().on_response_complete()
 
         def _disarm(self) -> None:
             if self._head_timer is not None:
@@ -71,7 +64,7 @@ def protocol_class(head_timeout: float) -> type[H11Protocol]:
             self._head_timer = None
             if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
                 return
-            if self._head_bytes:
+            if self.conn.trailing_data[0]:  # part of a head, which h11 holds until it is whole
                 self.transport.write(_raw_response(408, "Request Timeout", ApiError(
                     408, f"the request's headers did not arrive in full: no byte for {head_timeout:g} s (--timeout)",
                     code="request_timeout")))
